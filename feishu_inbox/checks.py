@@ -1,0 +1,68 @@
+"""System checks with stable ids: misconfiguration is caught at start-up, with the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+
+from .conf import inbox_settings, unknown_keys
+from .errors import ConfigurationError
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        conf = inbox_settings()
+    except (ConfigurationError, TypeError) as exc:
+        return [
+            Error(
+                f"settings.FEISHU_INBOX is invalid: {exc}",
+                hint="FEISHU_INBOX is a dict of the keys listed in the README.",
+                id="feishu_inbox.E001",
+            )
+        ]
+    messages: list[CheckMessage] = [
+        Error(
+            problem,
+            hint="Fix settings.FEISHU_INBOX (see the README's configuration reference).",
+            id="feishu_inbox.E002",
+        )
+        for problem in conf.validate()
+    ]
+    for key in unknown_keys():
+        messages.append(
+            Warning(
+                f"settings.FEISHU_INBOX has an unknown key {key!r}; it is ignored.",
+                hint="Check its spelling against the README's configuration reference.",
+                id="feishu_inbox.W001",
+            )
+        )
+    return messages
+
+
+@register(Tags.database)
+def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A web process and a worker share a SQLite file safely only with these options."""
+    db = connections["default"].settings_dict
+    if db["ENGINE"] != "django.db.backends.sqlite3":
+        return []
+    options = db.get("OPTIONS", {})
+    problems = []
+    if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        problems.append("OPTIONS['transaction_mode'] = 'IMMEDIATE'")
+    if not options.get("timeout"):
+        problems.append("OPTIONS['timeout'] (busy timeout in seconds, e.g. 20)")
+    if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
+        problems.append("OPTIONS['init_command'] containing 'PRAGMA journal_mode=WAL'")
+    if not problems:
+        return []
+    return [
+        Warning(
+            "The SQLite database is not set up for a web process and a worker at once; "
+            "expect 'database is locked' errors.",
+            hint="Set " + ", ".join(problems) + " in DATABASES['default'].",
+            id="feishu_inbox.W002",
+        )
+    ]

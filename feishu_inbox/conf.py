@@ -1,0 +1,108 @@
+"""Settings of feishu_inbox, read lazily from ``settings.FEISHU_INBOX`` (a dict).
+
+Reading at use time (not import time) keeps ``override_settings`` working in tests. Invalid
+values are reported by the system checks in ``checks.py`` (``python manage.py check``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    #: Attempts before a job that fails (before any effect) becomes ``failed``.
+    MAX_ATTEMPTS: int = 5
+    #: Backoff before retry n is ``min(BACKOFF_CAP, BACKOFF_BASE * 2**(n-1))`` seconds, then
+    #: reduced by up to ``BACKOFF_JITTER`` (a fraction) at random, so failures spread out.
+    BACKOFF_BASE: float = 5.0
+    BACKOFF_CAP: float = 3600.0
+    BACKOFF_JITTER: float = 0.5
+    #: Lease a worker holds on a claimed job; it renews every third of it.
+    LEASE_SECONDS: float = 60.0
+    #: How long ``completed`` jobs are kept (dedupe window). Feishu redelivers for ~7 hours;
+    #: less than a day is refused.
+    COMPLETED_RETENTION: timedelta = timedelta(days=7)
+    #: How long ``unknown`` jobs are kept; ``None`` = until an operator reconciles them.
+    UNKNOWN_RETENTION: timedelta | None = None
+    #: Let a newer private (p2p) message supersede the running one at its checkpoint.
+    INTERRUPT_PRIVATE: bool = True
+    #: Rows deleted per purge transaction (purging never holds long locks).
+    PURGE_BATCH_SIZE: int = 1000
+    #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
+    POLL_INTERVAL: float = 1.0
+
+    def validate(self) -> list[str]:
+        """Every problem with these values, as sentences (empty when valid)."""
+        problems = []
+        if self.MAX_ATTEMPTS < 1:
+            problems.append(f"MAX_ATTEMPTS must be at least 1 (got {self.MAX_ATTEMPTS}).")
+        if self.BACKOFF_BASE <= 0 or self.BACKOFF_CAP < self.BACKOFF_BASE:
+            problems.append(
+                "BACKOFF_BASE must be > 0 and BACKOFF_CAP >= BACKOFF_BASE "
+                f"(got {self.BACKOFF_BASE}, {self.BACKOFF_CAP})."
+            )
+        if not 0 <= self.BACKOFF_JITTER <= 1:
+            problems.append(f"BACKOFF_JITTER must be within 0..1 (got {self.BACKOFF_JITTER}).")
+        if self.LEASE_SECONDS < 1:
+            problems.append(f"LEASE_SECONDS must be at least 1 (got {self.LEASE_SECONDS}).")
+        if self.COMPLETED_RETENTION < timedelta(days=1):
+            problems.append(
+                "COMPLETED_RETENTION must be at least 1 day: Feishu redelivers events for "
+                "hours, and a purged job would run again "
+                f"(got {self.COMPLETED_RETENTION})."
+            )
+        if self.UNKNOWN_RETENTION is not None and self.INTERRUPT_PRIVATE:
+            problems.append(
+                "INTERRUPT_PRIVATE requires UNKNOWN_RETENTION = None: an interrupted job "
+                "may end `unknown`, and an expiring unknown job would silently drop an "
+                "effect nobody reconciled."
+            )
+        if self.PURGE_BATCH_SIZE < 1:
+            problems.append(f"PURGE_BATCH_SIZE must be at least 1 (got {self.PURGE_BATCH_SIZE}).")
+        if self.POLL_INTERVAL <= 0:
+            problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
+        return problems
+
+
+_FIELDS = {f.name for f in fields(InboxSettings)}
+
+
+def raw_settings() -> dict[str, Any]:
+    value = getattr(settings, "FEISHU_INBOX", {}) or {}
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"settings.FEISHU_INBOX must be a dict, not {type(value).__name__}."
+        )
+    return value
+
+
+def unknown_keys() -> list[str]:
+    return sorted(k for k in raw_settings() if k not in _FIELDS)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in ("COMPLETED_RETENTION", "UNKNOWN_RETENTION") and isinstance(value, int | float):
+        return timedelta(seconds=value)
+    return value
+
+
+def inbox_settings() -> InboxSettings:
+    """The current settings (unknown keys are reported by the system check, not here)."""
+    raw = raw_settings()
+    return InboxSettings(**{k: _coerce(k, v) for k, v in raw.items() if k in _FIELDS})
+
+
+def checked_settings() -> InboxSettings:
+    """The current settings, or ConfigurationError listing every problem."""
+    conf = inbox_settings()
+    problems = conf.validate()
+    if problems:
+        raise ConfigurationError(" ".join(problems))
+    return conf

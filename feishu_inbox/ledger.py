@@ -1,0 +1,868 @@
+"""The ledger's state machine (SPEC §3). Every operation is one database transaction.
+
+A refused operation changes nothing and raises a typed error (``errors.py``). Each transition is
+an UPDATE whose WHERE states its precondition; a row count of 0 means the caller lost a race.
+
+Concurrency rules (PostgreSQL; SQLite has one writer at a time, so they hold trivially):
+
+- Lock order is always partition row, then job row(s).
+- The partition row mirrors its head (first non-completed job). Whoever changes a head locks the
+  partition row *first*, then recomputes the head in a later statement, so it sees every
+  enqueue that committed before it got the lock; an enqueue that comes later finds the new head.
+- Enqueue takes the receipt sequence (the job id) while holding the partition row lock, so within
+  a partition sequence order is commit order.
+- Times are the database's clock (``now()`` on PostgreSQL), never the worker host's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from .conf import InboxSettings, checked_settings
+from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError
+from .models import (
+    BLOCKING,
+    CLAIMABLE,
+    Attempt,
+    EventJob,
+    Partition,
+    PartitionState,
+    Resolution,
+    Status,
+)
+
+log = logging.getLogger("feishu_inbox.ledger")
+
+J = EventJob._meta.db_table
+P = Partition._meta.db_table
+A = Attempt._meta.db_table
+NOTIFY_CHANNEL = "feishu_inbox"
+
+_QUEUED = Status.QUEUED.value
+_RUNNING = Status.RUNNING.value
+_RETRY = Status.RETRY_WAIT.value
+_COMPLETED = Status.COMPLETED.value
+_FAILED = Status.FAILED.value
+_UNKNOWN = Status.UNKNOWN.value
+_IDLE = PartitionState.IDLE.value
+_CLAIMABLE_SQL = f"('{_QUEUED}', '{_RETRY}')"
+_ERROR_MESSAGE_LIMIT = 4000
+
+
+# --- results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job_id: int
+    created: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a worker holds for a claimed job: the fencing handle of every later call."""
+
+    job_id: int
+    worker_id: str
+    token: str
+    partition_key: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    lease: Lease
+    event_id: str
+    event_type: str
+    app: str
+    payload: dict[str, Any]
+    private_message: bool
+    lease_until: datetime
+
+    @property
+    def id(self) -> int:
+        return self.lease.job_id
+
+
+@dataclass
+class Outcome:
+    """Per-job result of an operator action over several jobs."""
+
+    done: list[int] = field(default_factory=list)
+    refused: dict[int, LedgerError] = field(default_factory=dict)
+
+
+# --- SQL dialect -----------------------------------------------------------------------------
+
+
+def _sqlite_now(offset_seconds: float | None) -> str:
+    when = datetime.now(UTC) + timedelta(seconds=offset_seconds or 0)
+    return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+
+
+class _Dialect:
+    """The few SQL fragments that differ between PostgreSQL and SQLite."""
+
+    def __init__(self, pg: bool) -> None:
+        self.pg = pg
+        # ``now()`` is the transaction's start on PostgreSQL: one clock for every host.
+        self.now = "now()" if pg else "feishu_inbox_now(0)"
+        self.lock = " FOR UPDATE" if pg else ""
+        self.skip_locked = " FOR UPDATE SKIP LOCKED" if pg else ""
+
+    def now_plus(self) -> str:
+        """``now + %s seconds`` (one parameter)."""
+        return "(now() + %s * interval '1 second')" if self.pg else "feishu_inbox_now(%s)"
+
+
+_PG = _Dialect(pg=True)
+_SQLITE = _Dialect(pg=False)
+
+
+def _dialect() -> _Dialect:
+    if connection.vendor == "postgresql":
+        return _PG
+    connection.ensure_connection()
+    raw = connection.connection
+    if connection.__dict__.get("_feishu_inbox_raw") is not raw:
+        raw.create_function("feishu_inbox_now", 1, _sqlite_now)
+        connection.__dict__["_feishu_inbox_raw"] = raw
+    return _SQLITE
+
+
+def _in(values: Sequence[Any]) -> str:
+    return "(" + ", ".join(["%s"] * len(values)) + ")"
+
+
+def _fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+
+
+def _execute(sql: str, params: Sequence[Any] = ()) -> int:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount
+
+
+def _lock_partitions(d: _Dialect, keys: Iterable[str], *, skip_locked: bool = False) -> list[str]:
+    """Lock partition rows (PostgreSQL) in key order; returns the keys locked."""
+    keys = sorted(set(keys))
+    if not keys or not d.pg:
+        return keys
+    suffix = d.skip_locked if skip_locked else d.lock
+    rows = _fetchall(f"SELECT key FROM {P} WHERE key IN {_in(keys)} ORDER BY key{suffix}", keys)
+    return [r[0] for r in rows]
+
+
+def _resync_heads(keys: Iterable[str]) -> None:
+    """Point each partition at its first non-completed job (call with the rows locked)."""
+    keys = sorted(set(keys))
+    if not keys:
+        return
+    head = f"FROM {J} j WHERE j.partition_key = {P}.key AND j.status <> '{_COMPLETED}'"
+    _execute(
+        f"""
+        UPDATE {P} SET
+            head_id = (SELECT j.id {head} ORDER BY j.id LIMIT 1),
+            head_state = COALESCE((SELECT j.status {head} ORDER BY j.id LIMIT 1), '{_IDLE}'),
+            head_due_at = (SELECT j.available_at {head} ORDER BY j.id LIMIT 1)
+        WHERE key IN {_in(keys)}
+        """,
+        keys,
+    )
+
+
+def _record_attempts(d: _Dialect, job_ids: Sequence[int], number_offset: int = 0) -> None:
+    """History row for each job's attempt that just ended (run after the job's update)."""
+    if not job_ids:
+        return
+    _execute(
+        f"""
+        INSERT INTO {A} (job_id, number, worker_id, started_at, ended_at, outcome,
+                         error_type, error_message)
+        SELECT id, attempt + %s, worker_id, COALESCE(claimed_at, {d.now}), {d.now}, status,
+               error_type, error_message
+        FROM {J} WHERE id IN {_in(job_ids)}
+        """,
+        [number_offset, *job_ids],
+    )
+
+
+def _truncate(message: str) -> str:
+    if len(message) <= _ERROR_MESSAGE_LIMIT:
+        return message
+    return message[: _ERROR_MESSAGE_LIMIT - 1] + "…"
+
+
+def backoff_seconds(attempt: int, conf: InboxSettings | None = None) -> float:
+    """Delay before retrying after failed attempt number ``attempt`` (1-based)."""
+    conf = conf or checked_settings()
+    ceiling = min(conf.BACKOFF_CAP, conf.BACKOFF_BASE * 2 ** max(attempt - 1, 0))
+    return ceiling * (1 - conf.BACKOFF_JITTER * random.random())
+
+
+# --- enqueue -------------------------------------------------------------------------------
+
+
+def enqueue(
+    *,
+    event_id: str,
+    event_type: str,
+    partition_key: str,
+    payload: dict[str, Any],
+    dedupe_key: str | None = None,
+    private_message: bool = False,
+    app: str = "default",
+) -> EnqueueResult:
+    """Store an event once. A second enqueue of the same (app, dedupe key) changes nothing."""
+    dedupe_key = dedupe_key or event_id
+    for name, value, limit in (
+        ("event_id", event_id, 128),
+        ("event_type", event_type, 128),
+        ("dedupe_key", dedupe_key, 255),
+        ("partition_key", partition_key, 255),
+        ("app", app, 64),
+    ):
+        if not value or not isinstance(value, str) or len(value) > limit:
+            raise LedgerError(
+                f"enqueue needs {name} as a non-empty string of at most {limit} characters "
+                f"(got {value!r:.80}).",
+                fix="Fix the caller; nothing was stored.",
+            )
+    if not isinstance(payload, dict):
+        raise LedgerError(
+            f"enqueue needs payload as a dict (got {type(payload).__name__}).",
+            fix="Pass the decoded event envelope; nothing was stored.",
+        )
+    d = _dialect()
+    payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
+        payload, connection, prepared=False
+    )
+    with transaction.atomic():
+        # 1. Lock (or create) the partition row: enqueues into one partition serialise here.
+        head_id = _fetchall(
+            f"""
+            INSERT INTO {P} (key, head_id, head_state, head_due_at) VALUES (%s, NULL, %s, NULL)
+            ON CONFLICT (key) DO UPDATE SET key = excluded.key
+            RETURNING head_id
+            """,
+            [partition_key, _IDLE],
+        )[0][0]
+        # 2. Take the receipt sequence (the id) under that lock.
+        rows = _fetchall(
+            f"""
+            INSERT INTO {J} (app, event_id, event_type, dedupe_key, partition_key,
+                private_message, payload, status, attempt, received_at, available_at,
+                worker_id, lease_token, effects_in_flight, side_effect_started,
+                effect_uncertain, error_type, error_message, resolution)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 0, {d.now}, {d.now},
+                '', '', 0, FALSE, FALSE, '', '', '')
+            ON CONFLICT (app, dedupe_key) DO NOTHING
+            RETURNING id
+            """,
+            [app, event_id, event_type, dedupe_key, partition_key, private_message,
+             payload_json, _QUEUED],
+        )
+        if not rows:
+            existing = _fetchall(
+                f"SELECT id FROM {J} WHERE app = %s AND dedupe_key = %s", [app, dedupe_key]
+            )
+            return EnqueueResult(job_id=existing[0][0], created=False)
+        job_id = rows[0][0]
+        # 3. An idle partition gets this job as its head; only then is there new claimable work.
+        if head_id is None:
+            _execute(
+                f"UPDATE {P} SET head_id = %s, head_state = %s, head_due_at = {d.now} "
+                "WHERE key = %s",
+                [job_id, _QUEUED, partition_key],
+            )
+            if d.pg:
+                _execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, partition_key[:200]])
+    return EnqueueResult(job_id=job_id, created=True)
+
+
+# --- claim and lease expiry ----------------------------------------------------------------
+
+
+def expire_leases(limit: int = 100) -> int:
+    """Recover running jobs whose lease passed (SPEC §3 Lease expiry). Returns how many."""
+    conf = checked_settings()
+    d = _dialect()
+    with transaction.atomic():
+        candidates = _fetchall(
+            f"SELECT id, partition_key FROM {J} WHERE status = %s AND lease_until <= {d.now} "
+            "ORDER BY id LIMIT %s",
+            [_RUNNING, limit],
+        )
+        if not candidates:
+            return 0
+        # Partitions another transaction holds are left for the next claimer.
+        locked = set(_lock_partitions(d, (k for _, k in candidates), skip_locked=True))
+        ids = [i for i, k in candidates if k in locked]
+        if not ids:
+            return 0
+        rows = _fetchall(
+            f"""
+            UPDATE {J} SET
+                status = CASE
+                    WHEN side_effect_started OR effects_in_flight > 0 OR effect_uncertain
+                        THEN '{_UNKNOWN}'
+                    WHEN attempt >= %s THEN '{_FAILED}'
+                    ELSE '{_RETRY}' END,
+                error_type = CASE
+                    WHEN side_effect_started OR effects_in_flight > 0 OR effect_uncertain
+                        THEN 'LeaseExpiredAfterSideEffect'
+                    ELSE 'LeaseExpired' END,
+                error_message = 'The worker ' || worker_id || ' stopped renewing its lease.',
+                available_at = {d.now},
+                finished_at = {d.now},
+                lease_token = '', lease_until = NULL
+            WHERE id IN {_in(ids)} AND status = %s AND lease_until <= {d.now}
+            RETURNING id, partition_key, status
+            """,
+            [conf.MAX_ATTEMPTS, *ids, _RUNNING],
+        )
+        expired = [r[0] for r in rows]
+        _record_attempts(d, expired)
+        _resync_heads(r[1] for r in rows)
+    for job_id, key, status in rows:
+        log.warning("job %s lease expired: now %s (partition %s)", job_id, status, key)
+    return len(rows)
+
+
+def claim(worker_id: str, *, lease_seconds: float | None = None, limit: int = 1) -> list[ClaimedJob]:
+    """Claim up to ``limit`` due partition heads, lowest receipt sequence first."""
+    if not worker_id or len(worker_id) > 128:
+        raise LedgerError("claim needs a worker_id of 1 to 128 characters.")
+    conf = checked_settings()
+    lease_seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    if lease_seconds <= 0:
+        raise LedgerError(f"lease_seconds must be > 0 (got {lease_seconds}).")
+    if limit < 1:
+        return []
+    expire_leases()
+    d = _dialect()
+    token = uuid.uuid4().hex
+    with transaction.atomic():
+        picked = _fetchall(
+            f"""
+            SELECT key, head_id FROM {P}
+            WHERE head_state IN {_CLAIMABLE_SQL} AND head_due_at <= {d.now}
+            ORDER BY head_id LIMIT %s{d.skip_locked}
+            """,
+            [limit],
+        )
+        if not picked:
+            return []
+        keys = [k for k, _ in picked]
+        ids = [i for _, i in picked]
+        _execute(f"UPDATE {P} SET head_state = %s WHERE key IN {_in(keys)}", [_RUNNING, *keys])
+        jobs = list(
+            EventJob.objects.raw(
+                f"""
+                UPDATE {J} SET status = %s, attempt = attempt + 1, worker_id = %s,
+                    lease_token = %s, lease_until = {d.now_plus()}, claimed_at = {d.now},
+                    error_type = '', error_message = ''
+                WHERE id IN {_in(ids)} AND status IN {_CLAIMABLE_SQL}
+                RETURNING *
+                """,
+                [_RUNNING, worker_id, token, lease_seconds, *ids],
+            )
+        )
+        if len(jobs) != len(ids):  # the mirror disagrees with the jobs: never expected
+            raise LedgerError(
+                f"partition heads {ids} did not match claimable jobs; claim rolled back.",
+                fix="Report this as a bug; run `python manage.py inbox stats` to inspect.",
+            )
+    jobs.sort(key=lambda j: j.pk)
+    return [
+        ClaimedJob(
+            lease=Lease(job.pk, worker_id, token, job.partition_key, job.attempt),
+            event_id=job.event_id,
+            event_type=job.event_type,
+            app=job.app,
+            payload=job.payload,
+            private_message=job.private_message,
+            lease_until=job.lease_until,  # type: ignore[arg-type]
+        )
+        for job in jobs
+    ]
+
+
+# --- fenced operations of the lease holder -------------------------------------------------
+
+
+def _fence_sql(d: _Dialect) -> str:
+    return (
+        f"id = %s AND status = '{_RUNNING}' AND worker_id = %s AND lease_token = %s "
+        f"AND lease_until > {d.now}"
+    )
+
+
+def _fence_params(lease: Lease) -> list[Any]:
+    return [lease.job_id, lease.worker_id, lease.token]
+
+
+def _lease_lost(lease: Lease, doing: str) -> LeaseLost:
+    """Explain why a fenced call matched nothing (read outside the failed statement)."""
+    d = _dialect()
+    rows = _fetchall(
+        f"SELECT status, worker_id, lease_token, lease_until <= {d.now} FROM {J} WHERE id = %s",
+        [lease.job_id],
+    )
+    if not rows:
+        return LeaseLost(f"Cannot {doing} job {lease.job_id}: it no longer exists.")
+    status, owner, token, expired = rows[0]
+    if status != _RUNNING:
+        why = f"it is {status} now"
+    elif owner != lease.worker_id or token != lease.token:
+        why = f"worker {owner} holds it now"
+    elif expired:
+        why = "its lease expired"
+    else:
+        why = "its lease changed"
+    return LeaseLost(f"Cannot {doing} job {lease.job_id} as worker {lease.worker_id}: {why}.")
+
+
+def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
+    """Extend the lease; returns the new deadline (database clock)."""
+    conf = checked_settings()
+    seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    d = _dialect()
+    with transaction.atomic():
+        rows = _fetchall(
+            f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} "
+            "RETURNING lease_until",
+            [seconds, *_fence_params(lease)],
+        )
+        if not rows:
+            raise _lease_lost(lease, "renew")
+    value = rows[0][0]
+    if isinstance(value, str):  # SQLite returns the stored text
+        value = datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return value  # type: ignore[no-any-return]
+
+
+def begin_effect(lease: Lease) -> None:
+    """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects)."""
+    d = _dialect()
+    with transaction.atomic():
+        if not _execute(
+            f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
+            f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
+            _fence_params(lease),
+        ):
+            raise _lease_lost(lease, "start an effect for")
+
+
+def end_effect(lease: Lease, *, ok: bool) -> None:
+    """Record the effect as finished (``ok``) or uncertain (it raised)."""
+    d = _dialect()
+    with transaction.atomic():
+        if not _execute(
+            f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
+            f"effect_uncertain = (effect_uncertain OR %s) "
+            f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
+            [not ok, *_fence_params(lease)],
+        ):
+            raise _lease_lost(lease, "end an effect of")
+
+
+_EFFECT_OPEN = "(effects_in_flight > 0 OR effect_uncertain)"
+_EFFECT_ANY = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)"
+
+
+def _end_attempt(lease: Lease, doing: str, set_sql: str, params: list[Any]) -> str:
+    """Apply a fenced terminal update of the running head; returns the new status."""
+    d = _dialect()
+    with transaction.atomic():
+        _lock_partitions(d, [lease.partition_key])
+        rows = _fetchall(
+            f"UPDATE {J} SET {set_sql}, lease_token = '', lease_until = NULL "
+            f"WHERE {_fence_sql(d)} RETURNING status",
+            [*params, *_fence_params(lease)],
+        )
+        if not rows:
+            raise _lease_lost(lease, doing)
+        _record_attempts(d, [lease.job_id])
+        _resync_heads([lease.partition_key])
+    return str(rows[0][0])
+
+
+def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
+    """The handler returned: ``completed``, or ``unknown`` if an effect is open or uncertain.
+
+    ``superseded`` records that a newer private message replaced this one (SPEC §4); ``note``
+    is an error type kept on a completed job (``NoHandler``).
+    """
+    d = _dialect()
+    kept = "Superseded" if superseded else note
+    return _end_attempt(
+        lease,
+        "finish",
+        f"""
+        status = CASE WHEN {_EFFECT_OPEN} THEN '{_UNKNOWN}' ELSE '{_COMPLETED}' END,
+        error_type = CASE WHEN {_EFFECT_OPEN} THEN 'UncertainEffect' ELSE %s END,
+        error_message = CASE WHEN {_EFFECT_OPEN}
+            THEN 'An effect was in flight or raised when the handler ended; check whether it '
+                 || 'happened, then reconcile.'
+            ELSE '' END,
+        finished_at = {d.now}
+        """,
+        [kept],
+    )
+
+
+def fail(
+    lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None
+) -> str:
+    """The handler raised: ``unknown`` if any effect started, else retry or ``failed``."""
+    conf = checked_settings()
+    d = _dialect()
+    delay = backoff_seconds(lease.attempt, conf) if retry_in is None else retry_in
+    return _end_attempt(
+        lease,
+        "fail",
+        f"""
+        status = CASE WHEN {_EFFECT_ANY} THEN '{_UNKNOWN}'
+                      WHEN attempt >= %s THEN '{_FAILED}' ELSE '{_RETRY}' END,
+        available_at = CASE WHEN {_EFFECT_ANY} OR attempt >= %s THEN available_at
+                            ELSE {d.now_plus()} END,
+        finished_at = {d.now},
+        error_type = %s, error_message = %s
+        """,
+        [conf.MAX_ATTEMPTS, conf.MAX_ATTEMPTS, delay, error_type[:128] or "Error",
+         _truncate(message)],
+    )
+
+
+def hand_back(lease: Lease) -> str:
+    """Return a job that started no effect to the queue at once, without spending an attempt."""
+    d = _dialect()
+    with transaction.atomic():
+        _lock_partitions(d, [lease.partition_key])
+        rows = _fetchall(
+            f"""
+            UPDATE {J} SET
+                status = CASE WHEN attempt > 1 THEN '{_RETRY}' ELSE '{_QUEUED}' END,
+                attempt = attempt - 1, available_at = {d.now},
+                error_type = 'HandedBack', error_message = 'The worker shut down.',
+                lease_token = '', lease_until = NULL
+            WHERE {_fence_sql(d)} AND NOT {_EFFECT_ANY}
+            RETURNING status
+            """,
+            _fence_params(lease),
+        )
+        if not rows:
+            effect = _fetchall(f"SELECT {_EFFECT_ANY} FROM {J} WHERE id = %s", [lease.job_id])
+            if effect and effect[0][0]:
+                raise InvalidState(
+                    f"Cannot hand back job {lease.job_id}: an effect has started.",
+                    fix="Let the handler finish; if it cannot, its lease expires and the job "
+                    "becomes unknown for an operator to reconcile.",
+                )
+            raise _lease_lost(lease, "hand back")
+        _record_attempts(d, [lease.job_id], number_offset=1)
+        _resync_heads([lease.partition_key])
+    return str(rows[0][0])
+
+
+def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
+    """True when this private job should stop at its next checkpoint (SPEC §4)."""
+    if not private_message or not checked_settings().INTERRUPT_PRIVATE:
+        return False
+    rows = _fetchall(
+        f"SELECT private_message FROM {J} WHERE partition_key = %s AND id > %s "
+        f"AND status <> '{_COMPLETED}' ORDER BY id LIMIT 1",
+        [lease.partition_key, lease.job_id],
+    )
+    return bool(rows and rows[0][0])
+
+
+# --- operator actions ----------------------------------------------------------------------
+
+
+def _operator_action(
+    job_ids: Iterable[int],
+    *,
+    doing: str,
+    from_status: str,
+    set_sql: str,
+    params: list[Any],
+    resolution: str,
+    hint: str,
+) -> Outcome:
+    """Apply one guarded transition per job, each in its own transaction."""
+    d = _dialect()
+    outcome = Outcome()
+    for job_id in dict.fromkeys(job_ids):
+        try:
+            with transaction.atomic():
+                rows = _fetchall(f"SELECT partition_key FROM {J} WHERE id = %s", [job_id])
+                if not rows:
+                    raise JobNotFound(f"Cannot {doing} job {job_id}: there is no such job.")
+                _lock_partitions(d, [rows[0][0]])
+                changed = _fetchall(
+                    f"UPDATE {J} SET {set_sql}, resolution = %s "
+                    "WHERE id = %s AND status = %s RETURNING partition_key",
+                    [*params, resolution, job_id, from_status],
+                )
+                if not changed:
+                    status = _fetchall(f"SELECT status FROM {J} WHERE id = %s", [job_id])[0][0]
+                    raise InvalidState(
+                        f"Cannot {doing} job {job_id}: it is {status}, not {from_status}.",
+                        fix=hint,
+                    )
+                _resync_heads([changed[0][0]])
+            outcome.done.append(job_id)
+        except LedgerError as exc:
+            outcome.refused[job_id] = exc
+    return outcome
+
+
+def requeue(job_ids: Iterable[int]) -> Outcome:
+    """``failed`` → ``queued``, attempt 0, due now."""
+    d = _dialect()
+    return _operator_action(
+        job_ids,
+        doing="requeue",
+        from_status=_FAILED,
+        set_sql=f"status = '{_QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL",
+        params=[],
+        resolution=Resolution.REQUEUED,
+        hint="Only failed jobs can be requeued; unknown jobs need reconcile.",
+    )
+
+
+def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
+    """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
+    d = _dialect()
+    if applied:
+        set_sql = f"status = '{_COMPLETED}', finished_at = {d.now}"
+        resolution = Resolution.APPLIED
+    else:
+        set_sql = (
+            f"status = '{_QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL, "
+            "effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE"
+        )
+        resolution = Resolution.NOT_APPLIED
+    return _operator_action(
+        job_ids,
+        doing="reconcile",
+        from_status=_UNKNOWN,
+        set_sql=set_sql,
+        params=[],
+        resolution=resolution,
+        hint="Only unknown jobs are reconciled; failed jobs are requeued or discarded.",
+    )
+
+
+def discard(job_ids: Iterable[int]) -> Outcome:
+    """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
+    d = _dialect()
+    return _operator_action(
+        job_ids,
+        doing="discard",
+        from_status=_FAILED,
+        set_sql=f"status = '{_COMPLETED}', finished_at = {d.now}",
+        params=[],
+        resolution=Resolution.DISCARDED,
+        hint="Only failed jobs can be discarded; unknown jobs need reconcile.",
+    )
+
+
+# --- retention -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    completed_deleted: int
+    unknown_expired: int
+
+
+def purge(*, max_batches: int | None = None) -> PurgeResult:
+    """Delete completed jobs past retention, one small transaction per batch."""
+    conf = checked_settings()
+    d = _dialect()
+    expired_unknown = 0
+    if conf.UNKNOWN_RETENTION is not None:
+        old = [
+            r[0]
+            for r in _fetchall(
+                f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()}",
+                [_UNKNOWN, -conf.UNKNOWN_RETENTION.total_seconds()],
+            )
+        ]
+        expired_unknown = len(
+            _operator_action(
+                old,
+                doing="expire",
+                from_status=_UNKNOWN,
+                set_sql=f"status = '{_COMPLETED}', error_type = 'UnknownExpired'",
+                params=[],
+                resolution=Resolution.NONE,
+                hint="",
+            ).done
+        )
+    deleted = 0
+    batches = 0
+    cutoff = -conf.COMPLETED_RETENTION.total_seconds()
+    while max_batches is None or batches < max_batches:
+        with transaction.atomic():
+            ids = [
+                r[0]
+                for r in _fetchall(
+                    f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()} "
+                    f"ORDER BY finished_at LIMIT %s{d.skip_locked}",
+                    [_COMPLETED, cutoff, conf.PURGE_BATCH_SIZE],
+                )
+            ]
+            if ids:
+                _execute(f"DELETE FROM {A} WHERE job_id IN {_in(ids)}", ids)
+                _execute(f"DELETE FROM {J} WHERE id IN {_in(ids)}", ids)
+        deleted += len(ids)
+        batches += 1
+        if len(ids) < conf.PURGE_BATCH_SIZE:
+            break
+    return PurgeResult(completed_deleted=deleted, unknown_expired=expired_unknown)
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def next_wakeup() -> datetime | None:
+    """The earliest time a claim may find work: a due head or a lease to expire."""
+    rows = _fetchall(
+        f"""
+        SELECT MIN(t) FROM (
+            SELECT MIN(head_due_at) AS t FROM {P} WHERE head_state IN {_CLAIMABLE_SQL}
+            UNION ALL
+            SELECT MIN(lease_until) AS t FROM {J} WHERE status = '{_RUNNING}'
+        ) AS w
+        """
+    )
+    value = rows[0][0]
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return value  # type: ignore[no-any-return]
+
+
+def database_now() -> datetime:
+    """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
+    d = _dialect()
+    if not d.pg:
+        return datetime.now(UTC)
+    return _fetchall("SELECT now()")[0][0]  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Stats:
+    counts: dict[str, int]
+    due: int
+    delayed: int
+    oldest_due_age_seconds: float | None
+    blocked_partitions: int
+    running_partitions: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "counts": self.counts,
+            "due": self.due,
+            "delayed": self.delayed,
+            "oldest_due_age_seconds": self.oldest_due_age_seconds,
+            "blocked_partitions": self.blocked_partitions,
+            "running_partitions": self.running_partitions,
+        }
+
+
+def stats() -> Stats:
+    """Queue statistics (SPEC §3): counts per state, due vs delayed, oldest due age, blocked.
+
+    ``due``: queued/retry-wait jobs whose time has come (some may wait behind their
+    partition's head); ``delayed``: retry-wait jobs not yet due; ``oldest_due_age_seconds``:
+    how long the oldest claimable head has been due (how far workers lag).
+    """
+    d = _dialect()
+    counts = {s.value: 0 for s in Status}
+    for status, n in _fetchall(f"SELECT status, COUNT(*) FROM {J} GROUP BY status"):
+        counts[status] = n
+    due, delayed = _fetchall(
+        f"""
+        SELECT COALESCE(SUM(CASE WHEN available_at <= {d.now} THEN 1 ELSE 0 END), 0),
+               COALESCE(SUM(CASE WHEN available_at > {d.now} THEN 1 ELSE 0 END), 0)
+        FROM {J} WHERE status IN {_CLAIMABLE_SQL}
+        """
+    )[0]
+    now = database_now()
+    oldest = _fetchall(
+        f"SELECT MIN(head_due_at) FROM {P} WHERE head_state IN {_CLAIMABLE_SQL} "
+        f"AND head_due_at <= {d.now}"
+    )[0][0]
+    if isinstance(oldest, str):
+        oldest = datetime.fromisoformat(oldest).replace(tzinfo=UTC)
+    blocked_states = tuple(s.value for s in BLOCKING)
+    per_state = dict(
+        _fetchall(
+            f"SELECT head_state, COUNT(*) FROM {P} WHERE head_state IN {_in(blocked_states)} "
+            f"OR head_state = %s GROUP BY head_state",
+            [*blocked_states, _RUNNING],
+        )
+    )
+    return Stats(
+        counts=counts,
+        due=int(due),
+        delayed=int(delayed),
+        oldest_due_age_seconds=(
+            None if oldest is None else max(0.0, (now - oldest).total_seconds())
+        ),
+        blocked_partitions=sum(per_state.get(s, 0) for s in blocked_states),
+        running_partitions=per_state.get(_RUNNING, 0),
+    )
+
+
+def new_worker_id() -> str:
+    """hostname:pid:random, unique per worker process start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+__all__ = [
+    "CLAIMABLE",
+    "ClaimedJob",
+    "EnqueueResult",
+    "Lease",
+    "Outcome",
+    "PurgeResult",
+    "Stats",
+    "backoff_seconds",
+    "begin_effect",
+    "claim",
+    "database_now",
+    "discard",
+    "end_effect",
+    "enqueue",
+    "expire_leases",
+    "fail",
+    "finish",
+    "hand_back",
+    "new_worker_id",
+    "next_wakeup",
+    "purge",
+    "reconcile",
+    "renew",
+    "requeue",
+    "should_interrupt",
+    "stats",
+]

@@ -1,0 +1,222 @@
+"""The ledger tables.
+
+``EventJob``   one row per stored event; its id is the receipt sequence.
+``Partition``  one row per conversation: a mirror of its first non-completed job (the head),
+               so a claim reads one small index instead of the backlog (DESIGN-NOTES).
+``Attempt``    one row per ended attempt: the history an operator reads in admin.
+
+State changes happen only in ``ledger.py``.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    RETRY_WAIT = "retry_wait", "retry wait"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    UNKNOWN = "unknown", "unknown"
+
+
+#: States a worker may claim.
+CLAIMABLE = (Status.QUEUED, Status.RETRY_WAIT)
+#: States that hold their partition until an operator acts.
+BLOCKING = (Status.FAILED, Status.UNKNOWN)
+
+
+class Resolution(models.TextChoices):
+    NONE = "", "—"
+    APPLIED = "applied", "reconciled: effect applied, marked done"
+    NOT_APPLIED = "not_applied", "reconciled: effect not applied, run again"
+    REQUEUED = "requeued", "requeued by an operator"
+    DISCARDED = "discarded", "discarded by an operator"
+
+
+class EventJobQuerySet(models.QuerySet["EventJob"]):
+    def queued(self) -> EventJobQuerySet:
+        return self.filter(status=Status.QUEUED)
+
+    def running(self) -> EventJobQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def retry_wait(self) -> EventJobQuerySet:
+        return self.filter(status=Status.RETRY_WAIT)
+
+    def completed(self) -> EventJobQuerySet:
+        return self.filter(status=Status.COMPLETED)
+
+    def failed(self) -> EventJobQuerySet:
+        return self.filter(status=Status.FAILED)
+
+    def unknown(self) -> EventJobQuerySet:
+        return self.filter(status=Status.UNKNOWN)
+
+    def unresolved(self) -> EventJobQuerySet:
+        return self.exclude(status=Status.COMPLETED)
+
+    def in_partition(self, key: str) -> EventJobQuerySet:
+        return self.filter(partition_key=key)
+
+
+class EventJob(models.Model):
+    id = models.BigAutoField(primary_key=True, help_text="Receipt sequence.")
+    app = models.CharField(max_length=64, default="default")
+    event_id = models.CharField(max_length=128)
+    event_type = models.CharField(max_length=128)
+    dedupe_key = models.CharField(max_length=255)
+    partition_key = models.CharField(max_length=255)
+    private_message = models.BooleanField(default=False)
+    payload = models.JSONField(default=dict)
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    attempt = models.PositiveIntegerField(default=0)
+    received_at = models.DateTimeField()
+    available_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Lease (fencing): set exactly while running.
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    lease_token = models.CharField(max_length=32, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    # Effects (SPEC §3): once side_effect_started, never retried automatically.
+    effects_in_flight = models.PositiveSmallIntegerField(default=0)
+    side_effect_started = models.BooleanField(default=False)
+    effect_uncertain = models.BooleanField(default=False)
+
+    error_type = models.CharField(max_length=128, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    resolution = models.CharField(
+        max_length=16, choices=Resolution.choices, blank=True, default=Resolution.NONE
+    )
+
+    objects = EventJobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "event job"
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["app", "dedupe_key"], name="feishu_inbox_job_dedupe"),
+            models.CheckConstraint(
+                condition=Q(status=Status.RUNNING, lease_until__isnull=False)
+                & ~Q(lease_token="")
+                & ~Q(worker_id="")
+                | (~Q(status=Status.RUNNING) & Q(lease_until__isnull=True, lease_token="")),
+                name="feishu_inbox_job_lease_iff_running",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in Status]),
+                name="feishu_inbox_job_status_valid",
+            ),
+        ]
+        indexes = [
+            # Next non-completed job of a partition (advance head, supersede check).
+            models.Index(
+                fields=["partition_key", "id"],
+                name="feishu_inbox_job_unresolved",
+                condition=~Q(status=Status.COMPLETED),
+            ),
+            # Lease-expiry scan touches only running jobs.
+            models.Index(
+                fields=["lease_until"],
+                name="feishu_inbox_job_lease",
+                condition=Q(status=Status.RUNNING),
+            ),
+            # Retention purge of completed jobs.
+            models.Index(
+                fields=["finished_at"],
+                name="feishu_inbox_job_finished",
+                condition=Q(status=Status.COMPLETED),
+            ),
+            models.Index(fields=["status", "id"], name="feishu_inbox_job_status"),
+            models.Index(fields=["event_id"], name="feishu_inbox_job_event_id"),
+        ]
+        permissions = [
+            ("requeue_eventjob", "Can requeue failed event jobs"),
+            ("reconcile_eventjob", "Can reconcile unknown event jobs"),
+            ("discard_eventjob", "Can discard failed event jobs"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.event_type} [{self.status}]"
+
+    @property
+    def blocks_partition(self) -> bool:
+        return self.status in BLOCKING
+
+
+class PartitionState(models.TextChoices):
+    IDLE = "idle", "idle"
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    RETRY_WAIT = "retry_wait", "retry wait"
+    FAILED = "failed", "failed"
+    UNKNOWN = "unknown", "unknown"
+
+
+class Partition(models.Model):
+    key = models.CharField(max_length=255, primary_key=True)
+    #: id of the first non-completed job, or NULL when the partition is idle.
+    head_id = models.BigIntegerField(null=True, blank=True)
+    head_state = models.CharField(
+        max_length=16, choices=PartitionState.choices, default=PartitionState.IDLE
+    )
+    head_due_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(head_state=PartitionState.IDLE, head_id__isnull=True)
+                | (~Q(head_state=PartitionState.IDLE) & Q(head_id__isnull=False)),
+                name="feishu_inbox_partition_head_iff_busy",
+            ),
+        ]
+        indexes = [
+            # The claim: lowest head among claimable partitions (cost ~ log(partitions)).
+            models.Index(
+                fields=["head_id"],
+                name="feishu_inbox_part_claimable",
+                condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT]),
+            ),
+            # Next wake-up: the earliest due time among claimable heads.
+            models.Index(
+                fields=["head_due_at"],
+                name="feishu_inbox_part_due",
+                condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT]),
+            ),
+            # Blocked partitions (dashboard, stats).
+            models.Index(
+                fields=["head_state"],
+                name="feishu_inbox_part_blocked",
+                condition=Q(head_state__in=[PartitionState.FAILED, PartitionState.UNKNOWN]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} [{self.head_state}]"
+
+
+class Attempt(models.Model):
+    """One ended attempt of a job (written when the attempt ends, in the same transaction)."""
+
+    job = models.ForeignKey(EventJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=128)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=Status.choices)
+    error_type = models.CharField(max_length=128, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["job_id", "number"]
+        indexes = [models.Index(fields=["ended_at"], name="feishu_inbox_attempt_ended")]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} attempt {self.number}: {self.outcome}"
