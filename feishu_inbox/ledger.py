@@ -201,6 +201,15 @@ def _record_attempts(d: _Dialect, job_ids: Sequence[int], number_offset: int = 0
     )
 
 
+def _aware(value: Any) -> Any:
+    """A timestamp read by raw SQL as an aware datetime (SQLite gives text or naive UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
 def _truncate(message: str) -> str:
     if len(message) <= _ERROR_MESSAGE_LIMIT:
         return message
@@ -285,9 +294,9 @@ def enqueue(
         # 3. An idle partition gets this job as its head; only then is there new claimable work.
         if head_id is None:
             _execute(
-                f"UPDATE {P} SET head_id = %s, head_state = %s, head_due_at = {d.now} "
-                "WHERE key = %s",
-                [job_id, _QUEUED, partition_key],
+                f"UPDATE {P} SET head_id = %s, head_state = %s, "
+                f"head_due_at = (SELECT available_at FROM {J} WHERE id = %s) WHERE key = %s",
+                [job_id, _QUEUED, job_id, partition_key],
             )
             if d.pg:
                 _execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, partition_key[:200]])
@@ -450,10 +459,7 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
         )
         if not rows:
             raise _lease_lost(lease, "renew")
-    value = rows[0][0]
-    if isinstance(value, str):  # SQLite returns the stored text
-        value = datetime.fromisoformat(value).replace(tzinfo=UTC)
-    return value  # type: ignore[no-any-return]
+    return _aware(rows[0][0])  # type: ignore[no-any-return]
 
 
 def begin_effect(lease: Lease) -> None:
@@ -567,8 +573,8 @@ def hand_back(lease: Lease) -> str:
             _fence_params(lease),
         )
         if not rows:
-            effect = _fetchall(f"SELECT {_EFFECT_ANY} FROM {J} WHERE id = %s", [lease.job_id])
-            if effect and effect[0][0]:
+            held = _fetchall(f"SELECT 1 FROM {J} WHERE {_fence_sql(d)}", _fence_params(lease))
+            if held:  # the lease is fine: what stopped it is the effect
                 raise InvalidState(
                     f"Cannot hand back job {lease.job_id}: an effect has started.",
                     fix="Let the handler finish; if it cannot, its lease expires and the job "
@@ -754,10 +760,7 @@ def next_wakeup() -> datetime | None:
         ) AS w
         """
     )
-    value = rows[0][0]
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value).replace(tzinfo=UTC)
-    return value  # type: ignore[no-any-return]
+    return _aware(rows[0][0])  # type: ignore[no-any-return]
 
 
 def database_now() -> datetime:
@@ -811,8 +814,7 @@ def stats() -> Stats:
         f"SELECT MIN(head_due_at) FROM {P} WHERE head_state IN {_CLAIMABLE_SQL} "
         f"AND head_due_at <= {d.now}"
     )[0][0]
-    if isinstance(oldest, str):
-        oldest = datetime.fromisoformat(oldest).replace(tzinfo=UTC)
+    oldest = _aware(oldest)
     blocked_states = tuple(s.value for s in BLOCKING)
     per_state = dict(
         _fetchall(

@@ -220,3 +220,32 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} attempt {self.number}: {self.outcome}"
+
+
+def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
+    """A JSON-ready view of a job (CLI ``--json``, dashboard)."""
+    data: dict[str, object] = {
+        "id": job.pk,
+        "app": job.app,
+        "event_id": job.event_id,
+        "event_type": job.event_type,
+        "dedupe_key": job.dedupe_key,
+        "partition_key": job.partition_key,
+        "private_message": job.private_message,
+        "status": job.status,
+        "attempt": job.attempt,
+        "received_at": job.received_at.isoformat(),
+        "available_at": job.available_at.isoformat(),
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "worker_id": job.worker_id,
+        "lease_until": job.lease_until.isoformat() if job.lease_until else None,
+        "effects_in_flight": job.effects_in_flight,
+        "side_effect_started": job.side_effect_started,
+        "effect_uncertain": job.effect_uncertain,
+        "error_type": job.error_type,
+        "error_message": job.error_message,
+        "resolution": job.resolution,
+    }
+    if payload:
+        data["payload"] = job.payload
+    return data

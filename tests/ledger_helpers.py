@@ -1,0 +1,66 @@
+"""Helpers for ledger tests: raw row snapshots and moving the database clock's view of a job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from feishu_inbox.models import Attempt, EventJob, Partition
+
+
+def snapshot(job_id: int) -> tuple[Any, ...]:
+    """The job row, its partition row and its attempt rows, exactly as stored."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT * FROM {EventJob._meta.db_table} WHERE id = %s", [job_id])
+        job = cur.fetchone()
+        assert job is not None
+        key = EventJob.objects.values_list("partition_key", flat=True).get(pk=job_id)
+        cur.execute(f"SELECT * FROM {Partition._meta.db_table} WHERE key = %s", [key])
+        part = cur.fetchone()
+        cur.execute(
+            f"SELECT * FROM {Attempt._meta.db_table} WHERE job_id = %s ORDER BY id", [job_id]
+        )
+        attempts = cur.fetchall()
+    return (job, part, tuple(attempts))
+
+
+def expire_lease(job_id: int) -> None:
+    """Make a running job's lease lie in the past, as if its worker stopped renewing."""
+    updated = EventJob.objects.filter(pk=job_id, status="running").update(
+        lease_until=timezone.now() - timedelta(minutes=5)
+    )
+    assert updated == 1
+
+
+def make_due(job_id: int) -> None:
+    """Make a retry-waiting job due now (its backoff elapsed)."""
+    past = timezone.now() - timedelta(seconds=1)
+    EventJob.objects.filter(pk=job_id).update(available_at=past)
+    Partition.objects.filter(head_id=job_id).update(head_due_at=past)
+
+
+def status(job_id: int) -> str:
+    return EventJob.objects.values_list("status", flat=True).get(pk=job_id)
+
+
+def assert_mirror_consistent() -> None:
+    """Every partition row points at its first non-completed job and mirrors its state."""
+    for part in Partition.objects.all():
+        head = (
+            EventJob.objects.filter(partition_key=part.key)
+            .exclude(status="completed")
+            .order_by("id")
+            .first()
+        )
+        if head is None:
+            assert (part.head_id, part.head_state) == (None, "idle"), part.key
+        else:
+            assert part.head_id == head.pk, part.key
+            assert part.head_state == head.status, part.key
+            if head.status in ("queued", "retry_wait"):
+                assert part.head_due_at == head.available_at, part.key
+        running = EventJob.objects.filter(partition_key=part.key, status="running").count()
+        assert running <= 1, part.key
