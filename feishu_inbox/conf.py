@@ -52,7 +52,7 @@ class InboxSettings:
             problems.append(f"BACKOFF_JITTER must be within 0..1 (got {self.BACKOFF_JITTER}).")
         if self.LEASE_SECONDS < 1:
             problems.append(f"LEASE_SECONDS must be at least 1 (got {self.LEASE_SECONDS}).")
-        if self.COMPLETED_RETENTION < timedelta(days=1):
+        if timedelta(days=1) > self.COMPLETED_RETENTION:
             problems.append(
                 "COMPLETED_RETENTION must be at least 1 day: Feishu redelivers events for "
                 "hours, and a purged job would run again "

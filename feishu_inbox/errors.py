@@ -58,5 +58,5 @@ class LeaseLost(LedgerError):
     )
 
 
-class Superseded(Exception):  # noqa: N818 - it is a signal, not an error
+class Superseded(Exception):
     """Raised by ``checkpoint()`` when a newer private message waits in the same chat."""

@@ -282,8 +282,16 @@ def enqueue(
             ON CONFLICT (app, dedupe_key) DO NOTHING
             RETURNING id
             """,
-            [app, event_id, event_type, dedupe_key, partition_key, private_message,
-             payload_json, _QUEUED],
+            [
+                app,
+                event_id,
+                event_type,
+                dedupe_key,
+                partition_key,
+                private_message,
+                payload_json,
+                _QUEUED,
+            ],
         )
         if not rows:
             existing = _fetchall(
@@ -352,7 +360,9 @@ def expire_leases(limit: int = 100) -> int:
     return len(rows)
 
 
-def claim(worker_id: str, *, lease_seconds: float | None = None, limit: int = 1) -> list[ClaimedJob]:
+def claim(
+    worker_id: str, *, lease_seconds: float | None = None, limit: int = 1
+) -> list[ClaimedJob]:
     """Claim up to ``limit`` due partition heads, lowest receipt sequence first."""
     if not worker_id or len(worker_id) > 128:
         raise LedgerError("claim needs a worker_id of 1 to 128 characters.")
@@ -459,7 +469,7 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
         )
         if not rows:
             raise _lease_lost(lease, "renew")
-    return _aware(rows[0][0])  # type: ignore[no-any-return]
+    return _aware(rows[0][0])
 
 
 def begin_effect(lease: Lease) -> None:
@@ -532,9 +542,7 @@ def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
     )
 
 
-def fail(
-    lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None
-) -> str:
+def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None) -> str:
     """The handler raised: ``unknown`` if any effect started, else retry or ``failed``."""
     conf = checked_settings()
     d = _dialect()
@@ -550,8 +558,13 @@ def fail(
         finished_at = {d.now},
         error_type = %s, error_message = %s
         """,
-        [conf.MAX_ATTEMPTS, conf.MAX_ATTEMPTS, delay, error_type[:128] or "Error",
-         _truncate(message)],
+        [
+            conf.MAX_ATTEMPTS,
+            conf.MAX_ATTEMPTS,
+            delay,
+            error_type[:128] or "Error",
+            _truncate(message),
+        ],
     )
 
 
@@ -760,7 +773,7 @@ def next_wakeup() -> datetime | None:
         ) AS w
         """
     )
-    return _aware(rows[0][0])  # type: ignore[no-any-return]
+    return _aware(rows[0][0])
 
 
 def database_now() -> datetime:
@@ -768,7 +781,7 @@ def database_now() -> datetime:
     d = _dialect()
     if not d.pg:
         return datetime.now(UTC)
-    return _fetchall("SELECT now()")[0][0]  # type: ignore[no-any-return]
+    return _fetchall("SELECT now()")[0][0]
 
 
 @dataclass(frozen=True)

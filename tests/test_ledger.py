@@ -64,7 +64,11 @@ def test_dedupe_key_is_per_app_and_overrides_event_id() -> None:
         event_id="e2", dedupe_key="msg-1", event_type="t", partition_key="c", payload={}
     )
     c = ledger.enqueue(
-        event_id="e1", dedupe_key="msg-1", event_type="t", partition_key="c", payload={},
+        event_id="e1",
+        dedupe_key="msg-1",
+        event_type="t",
+        partition_key="c",
+        payload={},
         app="other",
     )
     assert a.created and not b.created and c.created
@@ -83,7 +87,10 @@ def test_dedupe_key_is_per_app_and_overrides_event_id() -> None:
 )
 def test_enqueue_refuses_bad_input_and_stores_nothing(bad: dict[str, object]) -> None:
     args: dict[str, object] = {
-        "event_id": "e", "event_type": "t", "partition_key": "c", "payload": {},
+        "event_id": "e",
+        "event_type": "t",
+        "partition_key": "c",
+        "payload": {},
     }
     args.update(bad)
     with pytest.raises(LedgerError) as info:
@@ -281,7 +288,9 @@ def test_fail_retries_with_backoff_then_fails() -> None:
             make_due(job.pk)
         assert ledger.fail(claim_one().lease, error_type="Boom") == "failed"
     assert list(Attempt.objects.filter(job=job).values_list("number", "outcome")) == [
-        (1, "retry_wait"), (2, "retry_wait"), (3, "failed"),
+        (1, "retry_wait"),
+        (2, "retry_wait"),
+        (3, "failed"),
     ]
 
 
@@ -349,7 +358,9 @@ def test_expired_lease_without_effect_retries_at_once() -> None:
     assert again.id == job.pk and again.lease.attempt == 2
     history = Attempt.objects.get(job=job)
     assert (history.worker_id, history.outcome, history.error_type) == (
-        "dead", "retry_wait", "LeaseExpired",
+        "dead",
+        "retry_wait",
+        "LeaseExpired",
     )
 
 
@@ -417,7 +428,9 @@ def test_reconcile_not_applied_runs_again_with_clean_effect_flags() -> None:
     row = EventJob.objects.get(pk=job.pk)
     assert (row.status, row.attempt, row.resolution) == ("queued", 0, "not_applied")
     assert (row.side_effect_started, row.effect_uncertain, row.effects_in_flight) == (
-        False, False, 0,
+        False,
+        False,
+        0,
     )
     claimed = claim_one()
     assert claimed.id == job.pk
@@ -477,9 +490,7 @@ def test_purge_deletes_only_completed_jobs_past_retention_in_batches() -> None:
     ledger.finish(claim_one().lease)
     unknown = _unknown_job("u")
     long_ago = timezone.now() - timedelta(days=8)
-    EventJob.objects.filter(pk__in=[j.pk for j in old] + [unknown.pk]).update(
-        finished_at=long_ago
-    )
+    EventJob.objects.filter(pk__in=[j.pk for j in old] + [unknown.pk]).update(finished_at=long_ago)
     with override_settings(FEISHU_INBOX={"PURGE_BATCH_SIZE": 2}):
         result = ledger.purge()
     assert result == ledger.PurgeResult(completed_deleted=5, unknown_expired=0)
@@ -490,9 +501,7 @@ def test_purge_deletes_only_completed_jobs_past_retention_in_batches() -> None:
 def test_purge_expires_unknown_only_when_configured() -> None:
     unknown = _unknown_job()
     behind = EventJobFactory()
-    EventJob.objects.filter(pk=unknown.pk).update(
-        finished_at=timezone.now() - timedelta(days=3)
-    )
+    EventJob.objects.filter(pk=unknown.pk).update(finished_at=timezone.now() - timedelta(days=3))
     with override_settings(
         FEISHU_INBOX={"UNKNOWN_RETENTION": timedelta(days=2), "INTERRUPT_PRIVATE": False}
     ):
@@ -537,7 +546,12 @@ def test_stats_counts_states_due_delayed_and_blocked() -> None:
     EventJobFactory(partition_key="q")
     stats = ledger.stats()
     assert stats.counts == {
-        "queued": 2, "running": 0, "retry_wait": 1, "completed": 0, "failed": 1, "unknown": 1,
+        "queued": 2,
+        "running": 0,
+        "retry_wait": 1,
+        "completed": 0,
+        "failed": 1,
+        "unknown": 1,
     }
     assert (stats.due, stats.delayed, stats.blocked_partitions) == (2, 1, 2)
     assert stats.oldest_due_age_seconds is not None and stats.oldest_due_age_seconds >= 0

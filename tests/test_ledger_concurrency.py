@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -27,7 +28,7 @@ def run_threads(target: Callable[[int], None], count: int, timeout: float = 120)
     def body(i: int) -> None:
         try:
             target(i)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()
@@ -101,7 +102,7 @@ def test_eight_claimers_complete_2000_jobs_exactly_once_in_partition_order() -> 
     assert len(set(finished.values_list("job_id", flat=True))) == total
     for key, runs in intervals.items():
         assert [job_id for job_id, _, _ in runs] == ids_by_partition[key], key
-        for (_, _, prev_end), (_, next_start, _) in zip(runs, runs[1:], strict=False):
+        for (_, _, prev_end), (_, next_start, _) in itertools.pairwise(runs):
             assert next_start > prev_end, f"two jobs of {key} ran at once"
     assert_mirror_consistent()
 
@@ -114,9 +115,7 @@ def test_racing_enqueues_into_one_partition_are_claimed_in_commit_order() -> Non
 
     def writer(n: int) -> None:
         for i in range(per_writer):
-            ledger.enqueue(
-                event_id=f"w{n}-{i}", event_type="t", partition_key="hot", payload={}
-            )
+            ledger.enqueue(event_id=f"w{n}-{i}", event_type="t", partition_key="hot", payload={})
 
     def claimer() -> None:
         try:

@@ -209,7 +209,11 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = {
             r["id"]: r
             for r in EventJob.objects.values(
-                "id", "status", "attempt", "effects_in_flight", "side_effect_started",
+                "id",
+                "status",
+                "attempt",
+                "effects_in_flight",
+                "side_effect_started",
                 "effect_uncertain",
             )
         }
@@ -217,8 +221,11 @@ class LedgerMachine(RuleBasedStateMachine):
         for job_id, job in self.jobs.items():
             row = rows[job_id]
             assert (
-                row["status"], row["attempt"], row["effects_in_flight"],
-                row["side_effect_started"], row["effect_uncertain"],
+                row["status"],
+                row["attempt"],
+                row["effects_in_flight"],
+                row["side_effect_started"],
+                row["effect_uncertain"],
             ) == (job.status, job.attempt, job.in_flight, job.started, job.uncertain), job
         assert_mirror_consistent()
 

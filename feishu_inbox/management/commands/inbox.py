@@ -33,9 +33,7 @@ class Command(BaseCommand):
         reconcile = sub.add_parser("reconcile", help="Resolve unknown jobs.")
         reconcile.add_argument("ids", type=int, nargs="+", metavar="ID")
         how = reconcile.add_mutually_exclusive_group(required=True)
-        how.add_argument(
-            "--applied", action="store_true", help="The effect happened: mark done."
-        )
+        how.add_argument("--applied", action="store_true", help="The effect happened: mark done.")
         how.add_argument(
             "--not-applied", action="store_true", help="It did not happen: run it again."
         )

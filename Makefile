@@ -1,0 +1,39 @@
+# The two commands of the README:
+#   make demo   the demo on SQLite: webhook server + worker (creates .venv on first use)
+#   make test   lint, type-check, checks, and the whole suite on SQLite and on PostgreSQL
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox
+
+.PHONY: demo test lint test-sqlite test-postgres clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) manage.py migrate --no-input -v 0
+	$(PY) manage.py rundemo
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy feishu_inbox project
+	$(PY) manage.py check --fail-level WARNING
+	$(PY) manage.py makemigrations --check --dry-run
+
+test-sqlite: $(VENV)/.installed
+	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
+# The suite creates and drops its own test database (test_feishu_inbox).
+test-postgres: $(VENV)/.installed
+	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test: lint test-sqlite test-postgres
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3*

@@ -1,0 +1,105 @@
+"""``manage.py inbox``: the operator CLI over the ledger functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from feishu_inbox import ledger
+from feishu_inbox.models import EventJob
+
+from .factories import EventJobFactory
+from .ledger_helpers import snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def inbox(*args: str) -> str:
+    out = StringIO()
+    call_command("inbox", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_stats_json_on_a_fresh_sqlite_database_after_migrate(tmp_path: Path) -> None:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}"}
+    for args in (["migrate", "--no-input", "-v", "0"], ["inbox", "stats", "--json"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats["counts"] == {
+        "queued": 0,
+        "running": 0,
+        "retry_wait": 0,
+        "completed": 0,
+        "failed": 0,
+        "unknown": 0,
+    }
+    assert stats["blocked_partitions"] == 0 and stats["oldest_due_age_seconds"] is None
+
+
+@pytest.mark.django_db
+def test_list_and_show() -> None:
+    job = EventJobFactory(payload={"text": "你好"})
+    EventJobFactory(partition_key="other")
+    rows = json.loads(inbox("list", "--partition", "chat-1", "--json"))
+    assert [r["id"] for r in rows] == [job.pk]
+    assert json.loads(inbox("list", "--status", "queued", "--json"))[0]["status"] == "queued"
+    shown = json.loads(inbox("show", str(job.pk), "--json"))
+    assert shown["payload"] == {"text": "你好"} and shown["attempts"] == []
+    assert "chat-1" in inbox("list")
+    with pytest.raises(CommandError, match="no job 424242"):
+        inbox("show", "424242")
+
+
+@pytest.mark.django_db
+def test_requeue_refusal_names_each_job_exits_non_zero_and_moves_nothing() -> None:
+    queued = EventJobFactory(partition_key="a")
+    failed = EventJobFactory(partition_key="b")
+    with override_settings(FEISHU_INBOX={"MAX_ATTEMPTS": 1}):
+        for claimed in ledger.claim("w", limit=2):
+            if claimed.id == failed.pk:
+                ledger.fail(claimed.lease, error_type="Boom")
+            else:
+                ledger.hand_back(claimed.lease)
+    before = snapshot(queued.pk)
+    err = StringIO()
+    with pytest.raises(CommandError, match="1 of 2 jobs refused"):
+        call_command(
+            "inbox", "requeue", str(queued.pk), str(failed.pk), stdout=StringIO(), stderr=err
+        )
+    assert f"job {queued.pk}: refused: Cannot requeue job {queued.pk}: it is queued" in (
+        err.getvalue()
+    )
+    assert snapshot(queued.pk) == before
+    assert EventJob.objects.get(pk=failed.pk).status == "queued"
+
+
+@pytest.mark.django_db
+def test_reconcile_discard_and_purge() -> None:
+    unknown = EventJobFactory(partition_key="u")
+    lease = ledger.claim("w")[0].lease
+    ledger.begin_effect(lease)
+    ledger.finish(lease)
+    assert "marked done" in inbox("reconcile", str(unknown.pk), "--applied")
+    assert EventJob.objects.get(pk=unknown.pk).status == "completed"
+    with pytest.raises(CommandError, match="refused"):
+        inbox("discard", str(unknown.pk))
+    assert "deleted 0 completed jobs" in inbox("purge")
+    with pytest.raises(CommandError):
+        call_command("inbox", "reconcile", str(unknown.pk), stdout=StringIO(), stderr=StringIO())
