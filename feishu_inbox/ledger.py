@@ -16,11 +16,13 @@ Concurrency rules (PostgreSQL; SQLite has one writer at a time, so they hold tri
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import secrets
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +59,9 @@ _FAILED = Status.FAILED.value
 _UNKNOWN = Status.UNKNOWN.value
 _IDLE = PartitionState.IDLE.value
 _CLAIMABLE_SQL = f"('{_QUEUED}', '{_RETRY}')"
+# Written exactly as the partial index's predicate: SQLite uses a partial index only when the
+# query's WHERE names its condition in the same form.
+_UNRESOLVED = f"NOT (status = '{_COMPLETED}')"
 _ERROR_MESSAGE_LIMIT = 4000
 
 
@@ -168,21 +173,24 @@ def _lock_partitions(d: _Dialect, keys: Iterable[str], *, skip_locked: bool = Fa
 
 
 def _resync_heads(keys: Iterable[str]) -> None:
-    """Point each partition at its first non-completed job (call with the rows locked)."""
-    keys = sorted(set(keys))
-    if not keys:
-        return
-    head = f"FROM {J} j WHERE j.partition_key = {P}.key AND j.status <> '{_COMPLETED}'"
-    _execute(
-        f"""
-        UPDATE {P} SET
-            head_id = (SELECT j.id {head} ORDER BY j.id LIMIT 1),
-            head_state = COALESCE((SELECT j.status {head} ORDER BY j.id LIMIT 1), '{_IDLE}'),
-            head_due_at = (SELECT j.available_at {head} ORDER BY j.id LIMIT 1)
-        WHERE key IN {_in(keys)}
-        """,
-        keys,
-    )
+    """Point each partition at its first non-completed job (call with the rows locked).
+
+    The key is bound as a parameter (not correlated) and the order matches the partial index
+    ``(partition_key, id)``: a correlated subquery gets a generic plan that walks the primary
+    key through the whole backlog.
+    """
+    head = f"FROM {J} WHERE partition_key = %s AND {_UNRESOLVED} ORDER BY partition_key, id LIMIT 1"
+    for key in sorted(set(keys)):
+        _execute(
+            f"""
+            UPDATE {P} SET
+                head_id = (SELECT id {head}),
+                head_state = COALESCE((SELECT status {head}), '{_IDLE}'),
+                head_due_at = (SELECT available_at {head})
+            WHERE key = %s
+            """,
+            [key, key, key, key],
+        )
 
 
 def _record_attempts(d: _Dialect, job_ids: Sequence[int], number_offset: int = 0) -> None:
@@ -260,6 +268,12 @@ def enqueue(
     payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
         payload, connection, prepared=False
     )
+    if d.pg:  # one round trip: the same steps, server-side (migration 0002)
+        job_id, created = _fetchall(
+            "SELECT * FROM feishu_inbox_enqueue(%s, %s, %s, %s, %s, %s, %s)",
+            [app, event_id, event_type, dedupe_key, partition_key, private_message, payload_json],
+        )[0]
+        return EnqueueResult(job_id=job_id, created=created)
     with transaction.atomic():
         # 1. Lock (or create) the partition row: enqueues into one partition serialise here.
         head_id = _fetchall(
@@ -306,8 +320,6 @@ def enqueue(
                 f"head_due_at = (SELECT available_at FROM {J} WHERE id = %s) WHERE key = %s",
                 [job_id, _QUEUED, job_id, partition_key],
             )
-            if d.pg:
-                _execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, partition_key[:200]])
     return EnqueueResult(job_id=job_id, created=True)
 
 
@@ -318,12 +330,11 @@ def expire_leases(limit: int = 100) -> int:
     """Recover running jobs whose lease passed (SPEC §3 Lease expiry). Returns how many."""
     conf = checked_settings()
     d = _dialect()
+    probe = f"SELECT id, partition_key FROM {J} WHERE status = %s AND lease_until <= {d.now} "
+    if not _fetchall(probe + "LIMIT 1", [_RUNNING]):  # the usual case: one cheap index probe
+        return 0
     with transaction.atomic():
-        candidates = _fetchall(
-            f"SELECT id, partition_key FROM {J} WHERE status = %s AND lease_until <= {d.now} "
-            "ORDER BY id LIMIT %s",
-            [_RUNNING, limit],
-        )
+        candidates = _fetchall(probe + "ORDER BY id LIMIT %s", [_RUNNING, limit])
         if not candidates:
             return 0
         # Partitions another transaction holds are left for the next claimer.
@@ -360,10 +371,19 @@ def expire_leases(limit: int = 100) -> int:
     return len(rows)
 
 
+#: A busy claimer sweeps for expired leases at most this often; an idle one on every claim.
+EXPIRY_SWEEP_INTERVAL = 1.0
+_last_sweep = [0.0]
+
+
 def claim(
     worker_id: str, *, lease_seconds: float | None = None, limit: int = 1
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` due partition heads, lowest receipt sequence first."""
+    """Claim up to ``limit`` due partition heads, lowest receipt sequence first.
+
+    Expired leases are recovered first (SPEC §3): by every claim that finds nothing, and by a
+    busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds.
+    """
     if not worker_id or len(worker_id) > 128:
         raise LedgerError("claim needs a worker_id of 1 to 128 characters.")
     conf = checked_settings()
@@ -372,52 +392,67 @@ def claim(
         raise LedgerError(f"lease_seconds must be > 0 (got {lease_seconds}).")
     if limit < 1:
         return []
-    expire_leases()
+    swept = time.monotonic() - _last_sweep[0] >= EXPIRY_SWEEP_INTERVAL
+    if swept:
+        _last_sweep[0] = time.monotonic()
+        expire_leases()
+    jobs = _pick(worker_id, lease_seconds, limit)
+    if not jobs and not swept and expire_leases():
+        jobs = _pick(worker_id, lease_seconds, limit)
+    return jobs
+
+
+_CLAIMED_COLUMNS = (
+    "id, event_id, event_type, app, payload, private_message, attempt, partition_key, lease_until"
+)
+
+
+def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
     d = _dialect()
     token = uuid.uuid4().hex
-    with transaction.atomic():
-        picked = _fetchall(
-            f"""
-            SELECT key, head_id FROM {P}
-            WHERE head_state IN {_CLAIMABLE_SQL} AND head_due_at <= {d.now}
-            ORDER BY head_id LIMIT %s{d.skip_locked}
-            """,
-            [limit],
+    if d.pg:  # one round trip, plan cached server-side (migration 0002)
+        rows = _fetchall(
+            f"SELECT {_CLAIMED_COLUMNS} FROM feishu_inbox_claim(%s, %s, %s, %s)",
+            [worker_id, token, lease_seconds, limit],
         )
-        if not picked:
-            return []
-        keys = [k for k, _ in picked]
-        ids = [i for _, i in picked]
-        _execute(f"UPDATE {P} SET head_state = %s WHERE key IN {_in(keys)}", [_RUNNING, *keys])
-        jobs = list(
-            EventJob.objects.raw(
-                f"""
-                UPDATE {J} SET status = %s, attempt = attempt + 1, worker_id = %s,
-                    lease_token = %s, lease_until = {d.now_plus()}, claimed_at = {d.now},
-                    error_type = '', error_message = ''
-                WHERE id IN {_in(ids)} AND status IN {_CLAIMABLE_SQL}
-                RETURNING *
-                """,
-                [_RUNNING, worker_id, token, lease_seconds, *ids],
+    else:  # SQLite: one writer at a time, so no row locks are needed
+        with transaction.atomic():
+            picked = _fetchall(
+                f"SELECT key, head_id FROM {P} "
+                f"WHERE head_state IN {_CLAIMABLE_SQL} AND head_due_at <= {d.now} "
+                "ORDER BY head_id LIMIT %s",
+                [limit],
             )
-        )
-        if len(jobs) != len(ids):  # the mirror disagrees with the jobs: never expected
-            raise LedgerError(
-                f"partition heads {ids} did not match claimable jobs; claim rolled back.",
-                fix="Report this as a bug; run `python manage.py inbox stats` to inspect.",
+            if not picked:
+                return []
+            keys = [k for k, _ in picked]
+            ids = [i for _, i in picked]
+            _execute(f"UPDATE {P} SET head_state = %s WHERE key IN {_in(keys)}", [_RUNNING, *keys])
+            rows = _fetchall(
+                f"UPDATE {J} SET status = '{_RUNNING}', attempt = attempt + 1, "
+                f"worker_id = %s, lease_token = %s, lease_until = {d.now_plus()}, "
+                f"claimed_at = {d.now}, error_type = '', error_message = '' "
+                f"WHERE id IN {_in(ids)} AND status IN {_CLAIMABLE_SQL} "
+                f"RETURNING {_CLAIMED_COLUMNS}",
+                [worker_id, token, lease_seconds, *ids],
             )
-    jobs.sort(key=lambda j: j.pk)
+            if len(rows) != len(ids):  # the mirror disagrees with the jobs: never expected
+                raise LedgerError(
+                    f"partition heads {ids} did not match claimable jobs; claim rolled back.",
+                    fix="Report this as a bug; `python manage.py inbox stats` shows the ledger.",
+                )
+    rows.sort(key=lambda r: r[0])
     return [
         ClaimedJob(
-            lease=Lease(job.pk, worker_id, token, job.partition_key, job.attempt),
-            event_id=job.event_id,
-            event_type=job.event_type,
-            app=job.app,
-            payload=job.payload,
-            private_message=job.private_message,
-            lease_until=job.lease_until,  # type: ignore[arg-type]
+            lease=Lease(job_id, worker_id, token, key, attempt),
+            event_id=event_id,
+            event_type=event_type,
+            app=app,
+            payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
+            private_message=bool(private),
+            lease_until=_aware(lease_until),
         )
-        for job in jobs
+        for job_id, event_id, event_type, app, payload, private, attempt, key, lease_until in rows
     ]
 
 
@@ -461,40 +496,36 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
     conf = checked_settings()
     seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
     d = _dialect()
-    with transaction.atomic():
-        rows = _fetchall(
-            f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} "
-            "RETURNING lease_until",
-            [seconds, *_fence_params(lease)],
-        )
-        if not rows:
-            raise _lease_lost(lease, "renew")
+    rows = _fetchall(
+        f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} RETURNING lease_until",
+        [seconds, *_fence_params(lease)],
+    )
+    if not rows:
+        raise _lease_lost(lease, "renew")
     return _aware(rows[0][0])
 
 
 def begin_effect(lease: Lease) -> None:
     """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects)."""
     d = _dialect()
-    with transaction.atomic():
-        if not _execute(
-            f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
-            f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
-            _fence_params(lease),
-        ):
-            raise _lease_lost(lease, "start an effect for")
+    if not _execute(
+        f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
+        f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
+        _fence_params(lease),
+    ):
+        raise _lease_lost(lease, "start an effect for")
 
 
 def end_effect(lease: Lease, *, ok: bool) -> None:
     """Record the effect as finished (``ok``) or uncertain (it raised)."""
     d = _dialect()
-    with transaction.atomic():
-        if not _execute(
-            f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
-            f"effect_uncertain = (effect_uncertain OR %s) "
-            f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
-            [not ok, *_fence_params(lease)],
-        ):
-            raise _lease_lost(lease, "end an effect of")
+    if not _execute(
+        f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
+        f"effect_uncertain = (effect_uncertain OR %s) "
+        f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
+        [not ok, *_fence_params(lease)],
+    ):
+        raise _lease_lost(lease, "end an effect of")
 
 
 _EFFECT_OPEN = "(effects_in_flight > 0 OR effect_uncertain)"
@@ -518,6 +549,36 @@ def _end_attempt(lease: Lease, doing: str, set_sql: str, params: list[Any]) -> s
     return str(rows[0][0])
 
 
+def _end_attempt_pg(
+    lease: Lease,
+    doing: str,
+    *,
+    fail: bool,
+    error_type: str,
+    message: str = "",
+    max_attempts: int = 0,
+    retry_in: float = 0.0,
+) -> str:
+    """The same transition as ``_end_attempt``, in one round trip (migration 0002)."""
+    status = _fetchall(
+        "SELECT feishu_inbox_end_attempt(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        [
+            lease.job_id,
+            lease.worker_id,
+            lease.token,
+            lease.partition_key,
+            fail,
+            error_type,
+            message,
+            max_attempts,
+            retry_in,
+        ],
+    )[0][0]
+    if status is None:
+        raise _lease_lost(lease, doing)
+    return str(status)
+
+
 def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
     """The handler returned: ``completed``, or ``unknown`` if an effect is open or uncertain.
 
@@ -526,6 +587,8 @@ def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
     """
     d = _dialect()
     kept = "Superseded" if superseded else note
+    if d.pg:
+        return _end_attempt_pg(lease, "finish", fail=False, error_type=kept)
     return _end_attempt(
         lease,
         "finish",
@@ -547,6 +610,17 @@ def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | 
     conf = checked_settings()
     d = _dialect()
     delay = backoff_seconds(lease.attempt, conf) if retry_in is None else retry_in
+    error_type, message = error_type[:128] or "Error", _truncate(message)
+    if d.pg:
+        return _end_attempt_pg(
+            lease,
+            "fail",
+            fail=True,
+            error_type=error_type,
+            message=message,
+            max_attempts=conf.MAX_ATTEMPTS,
+            retry_in=delay,
+        )
     return _end_attempt(
         lease,
         "fail",
@@ -605,7 +679,7 @@ def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
         return False
     rows = _fetchall(
         f"SELECT private_message FROM {J} WHERE partition_key = %s AND id > %s "
-        f"AND status <> '{_COMPLETED}' ORDER BY id LIMIT 1",
+        f"AND {_UNRESOLVED} ORDER BY partition_key, id LIMIT 1",
         [lease.partition_key, lease.job_id],
     )
     return bool(rows and rows[0][0])

@@ -1,0 +1,71 @@
+"""Shared set-up for the benchmarks: a fresh database per run, Django configured in-process.
+
+Nothing here is a test: benchmarks print figures and ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+sys.path.insert(0, str(ROOT))
+
+
+def fresh_postgres(name: str) -> str:
+    """Drop and create database ``name``; returns its URL."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{PG_SERVER}/{name}"
+
+
+def fresh_sqlite(name: str) -> str:
+    path = ROOT / ".bench" / f"{name}.sqlite3"
+    path.parent.mkdir(exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return f"sqlite:///{path}"
+
+
+def django_setup(database_url: str, migrate: bool = True) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    os.environ.setdefault("LOG_LEVEL", "ERROR")
+    import django
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+
+
+def timed(fn: Callable[[], int]) -> tuple[int, float]:
+    """Run ``fn`` (returns a count); returns (count, seconds)."""
+    start = time.perf_counter()
+    n = fn()
+    return n, time.perf_counter() - start
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def reproduce() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
