@@ -66,3 +66,31 @@ def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             id="feishu_inbox.W002",
         )
     ]
+
+
+@register(Tags.security)
+def check_app_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        apps = inbox_settings().APPS
+    except (ConfigurationError, TypeError):
+        return []  # reported by check_settings
+    if not apps:
+        return [
+            Warning(
+                "No Feishu app is configured: the webhook refuses every delivery (404).",
+                hint='Set FEISHU_INBOX["APPS"] = {"default": {"ENCRYPT_KEY": ..., '
+                '"VERIFICATION_TOKEN": ...}}.',
+                id="feishu_inbox.W003",
+            )
+        ]
+    return [
+        Warning(
+            f"Feishu app {name!r} has neither an Encrypt Key nor a Verification Token: anyone "
+            "who finds the URL can store events.",
+            hint="Copy both from the app's Event Subscriptions page in the Feishu console.",
+            id="feishu_inbox.W003",
+        )
+        for name, secrets in apps.items()
+        if isinstance(secrets, dict)
+        and not (secrets.get("ENCRYPT_KEY") or secrets.get("VERIFICATION_TOKEN"))
+    ]

@@ -6,7 +6,7 @@ values are reported by the system checks in ``checks.py`` (``python manage.py ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +37,16 @@ class InboxSettings:
     PURGE_BATCH_SIZE: int = 1000
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
+    #: Feishu apps this site receives events for: name -> {"ENCRYPT_KEY", "VERIFICATION_TOKEN"}.
+    #: No ENCRYPT_KEY means plaintext mode (token check only).
+    APPS: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Largest request body the webhook reads (413 above).
+    MAX_BODY_BYTES: int = 1024 * 1024
+    #: Signed requests whose timestamp is further than this from now are refused (401);
+    #: ``None`` turns the check off. Replays inside the window are deduplicated.
+    REPLAY_WINDOW_SECONDS: float | None = 300.0
+    #: Time a card action callback may take before the webhook answers ``{}`` without it.
+    CARD_CALLBACK_BUDGET_SECONDS: float = 2.5
 
     def validate(self) -> list[str]:
         """Every problem with these values, as sentences (empty when valid)."""
@@ -66,6 +76,21 @@ class InboxSettings:
             )
         if self.PURGE_BATCH_SIZE < 1:
             problems.append(f"PURGE_BATCH_SIZE must be at least 1 (got {self.PURGE_BATCH_SIZE}).")
+        if not isinstance(self.APPS, dict) or not all(
+            isinstance(v, dict) for v in self.APPS.values()
+        ):
+            problems.append(
+                'APPS must map app names to dicts like {"ENCRYPT_KEY": ..., '
+                '"VERIFICATION_TOKEN": ...}.'
+            )
+        if self.MAX_BODY_BYTES < 1024:
+            problems.append(f"MAX_BODY_BYTES must be at least 1024 (got {self.MAX_BODY_BYTES}).")
+        window = self.REPLAY_WINDOW_SECONDS
+        if window is not None and not (0 < window < self.COMPLETED_RETENTION.total_seconds()):
+            problems.append(
+                "REPLAY_WINDOW_SECONDS must be > 0 and shorter than COMPLETED_RETENTION, so "
+                f"every replay it accepts is deduplicated (got {window})."
+            )
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
         return problems

@@ -88,7 +88,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-FEISHU_INBOX: dict[str, object] = {}
+FEISHU_INBOX: dict[str, object] = {
+    "APPS": {
+        "default": {
+            "ENCRYPT_KEY": env.str("FEISHU_ENCRYPT_KEY", default=""),
+            "VERIFICATION_TOKEN": env.str("FEISHU_VERIFICATION_TOKEN", default=""),
+        },
+    },
+}
 
 LOGGING = {
     "version": 1,

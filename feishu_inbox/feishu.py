@@ -1,0 +1,286 @@
+"""The Feishu (Lark) event protocol: decryption, signatures, envelopes, and the ledger keys.
+
+Facts are from Feishu's event-subscription docs and the official SDK (lark-oapi): see
+``shared/feishu/PROTOCOL.md``. Everything here is pure: no database, no Django request.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from .errors import InboxError
+
+
+class ProtocolError(InboxError):
+    """A delivery the webhook refuses; ``status`` is the HTTP status it answers with."""
+
+    code = "bad_request"
+    status = 400
+
+    def __init__(self, code: str, message: str, *, status: int = 400) -> None:
+        super().__init__(message, fix="")
+        self.code = code
+        self.status = status
+
+
+# --- encryption and signature --------------------------------------------------------------
+
+
+def decrypt(encrypt_key: str, encrypted: str) -> bytes:
+    """AES-256-CBC: key = SHA-256(Encrypt Key), IV = first 16 bytes, PKCS#7 padding."""
+    try:
+        raw = base64.b64decode(encrypted, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError("undecryptable", "The encrypt field is not base64.") from exc
+    if len(raw) < 32 or len(raw) % 16:
+        raise ProtocolError("undecryptable", "The encrypted body has an impossible length.")
+    key = hashlib.sha256(encrypt_key.encode()).digest()
+    decryptor = Cipher(algorithms.AES(key), modes.CBC(raw[:16])).decryptor()
+    padded = decryptor.update(raw[16:]) + decryptor.finalize()
+    unpadder = padding.PKCS7(128).unpadder()
+    try:
+        return unpadder.update(padded) + unpadder.finalize()
+    except ValueError as exc:
+        raise ProtocolError(
+            "undecryptable", "The body does not decrypt with the configured Encrypt Key."
+        ) from exc
+
+
+def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
+    """hex SHA-256 of timestamp + nonce + Encrypt Key, then the raw body bytes."""
+    digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def signature_matches(
+    timestamp: str, nonce: str, encrypt_key: str, body: bytes, given: str
+) -> bool:
+    expected = signature(timestamp, nonce, encrypt_key, body)
+    return hmac.compare_digest(expected.encode(), given.strip().lower().encode())
+
+
+def token_matches(expected: str, given: object) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+
+
+# --- envelopes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded delivery: schema 2.0 (``header``) or 1.0 (``uuid``/``event.type``)."""
+
+    schema: str
+    event_id: str
+    event_type: str
+    token: str | None
+    body: dict[str, Any]
+
+    @property
+    def event(self) -> dict[str, Any]:
+        event = self.body.get("event")
+        return event if isinstance(event, dict) else {}
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("invalid_json", "The body is not JSON.") from exc
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_json", "The body is JSON but not an object.")
+    return data
+
+
+def is_url_verification(body: dict[str, Any]) -> bool:
+    return body.get("type") == "url_verification"
+
+
+def parse_envelope(body: dict[str, Any]) -> Envelope:
+    schema = body.get("schema")
+    if schema is not None:
+        if schema != "2.0":
+            raise ProtocolError("unknown_schema", f"Unknown event schema {str(schema)[:20]!r}.")
+        header = body.get("header")
+        if not isinstance(header, dict):
+            raise ProtocolError("missing_fields", "A schema 2.0 event needs a header object.")
+        event_id, event_type = header.get("event_id"), header.get("event_type")
+        token = header.get("token")
+    elif body.get("type") == "event_callback" or "uuid" in body:
+        schema = "1.0"
+        event = body.get("event")
+        event_id = body.get("uuid")
+        event_type = event.get("type") if isinstance(event, dict) else None
+        token = body.get("token")
+    else:
+        raise ProtocolError(
+            "unknown_schema", "Neither a schema 2.0 nor a schema 1.0 event envelope."
+        )
+    for name, value in (("event id", event_id), ("event type", event_type)):
+        if not isinstance(value, str) or not value or len(value) > 128:
+            raise ProtocolError("missing_fields", f"The event has no usable {name}.")
+    return Envelope(
+        schema=schema,
+        event_id=event_id,  # type: ignore[arg-type]
+        event_type=event_type,  # type: ignore[arg-type]
+        token=token if isinstance(token, str) else None,
+        body=body,
+    )
+
+
+# --- ledger keys ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventKeys:
+    """What the ledger needs to know about an event besides its payload."""
+
+    dedupe_key: str
+    #: Events with the same partition key run one at a time, in receipt order.
+    partition_key: str
+    #: A private (p2p) message: a newer one in the same chat supersedes it (SPEC §4).
+    private_message: bool = False
+
+
+KeyFunction = Callable[[Envelope], EventKeys]
+_key_functions: dict[str, KeyFunction] = {}
+
+
+def event_keys(event_type: str) -> Callable[[KeyFunction], KeyFunction]:
+    """Register a site's own keys for one event type::
+
+    @feishu_inbox.event_keys("im.message.receive_v1")
+    def keys(envelope):
+        return EventKeys(dedupe_key=..., partition_key=..., private_message=...)
+    """
+
+    def register(fn: KeyFunction) -> KeyFunction:
+        _key_functions[event_type] = fn
+        return fn
+
+    return register
+
+
+def _get(data: Any, *path: str) -> Any:
+    for name in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(name)
+    return data
+
+
+def _first_str(event: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> str | None:
+    for path in paths:
+        value = _get(event, *path)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+_CHAT_PATHS = (("message", "chat_id"), ("chat_id",), ("context", "open_chat_id"), ("open_chat_id",))
+_USER_PATHS = (
+    ("sender", "sender_id", "open_id"),
+    ("operator", "open_id"),
+    ("operator", "operator_id", "open_id"),
+    ("operator_id", "open_id"),
+    ("user_id", "open_id"),
+    ("user", "open_id"),
+    ("open_id",),
+)
+
+
+def default_keys(envelope: Envelope) -> EventKeys:
+    """The documented defaults.
+
+    - dedupe: ``message:<message_id>`` for ``im.message.receive_v1`` (Feishu may deliver one
+      message under several event ids), else ``event:<event id>``;
+    - partition: ``chat:<chat_id>`` (``:thread:<thread_id>`` appended for topic threads) when the
+      event names a chat; else ``user:<open_id>`` when it names a user; else the event itself
+      (``event:<id>``: no ordering with other events);
+    - private: the message's ``chat_type`` is ``p2p``.
+    """
+    event = envelope.event
+    message_id = _get(event, "message", "message_id")
+    if envelope.event_type == "im.message.receive_v1" and isinstance(message_id, str):
+        dedupe = f"message:{message_id}"
+    else:
+        dedupe = f"event:{envelope.event_id}"
+    chat = _first_str(event, _CHAT_PATHS)
+    if chat:
+        partition = f"chat:{chat}"
+        thread = _get(event, "message", "thread_id")
+        if isinstance(thread, str) and thread:
+            partition += f":thread:{thread}"
+    elif user := _first_str(event, _USER_PATHS):
+        partition = f"user:{user}"
+    else:
+        partition = f"event:{envelope.event_id}"
+    private = _get(event, "message", "chat_type") == "p2p"
+    return EventKeys(dedupe_key=dedupe[:255], partition_key=partition, private_message=private)
+
+
+def keys_for(envelope: Envelope) -> EventKeys:
+    fn = _key_functions.get(envelope.event_type, default_keys)
+    keys = fn(envelope)
+    if not isinstance(keys, EventKeys):
+        raise TypeError(
+            f"The key function for {envelope.event_type} returned {type(keys).__name__}, "
+            "not EventKeys."
+        )
+    return keys
+
+
+# --- card action callbacks -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CardAction:
+    """What a card callback sees: the envelope and the app it came in on."""
+
+    app: str
+    envelope: Envelope
+
+    @property
+    def action(self) -> dict[str, Any]:
+        action = self.envelope.event.get("action")
+        return action if isinstance(action, dict) else {}
+
+    @property
+    def operator_open_id(self) -> str | None:
+        return _first_str(self.envelope.event, (("operator", "open_id"),))
+
+
+CardCallback = Callable[[CardAction], dict[str, Any]]
+_card_callbacks: dict[str, CardCallback] = {}
+CARD_ACTION = "card.action.trigger"
+
+
+def card_callback(app: str = "*") -> Callable[[CardCallback], CardCallback]:
+    """Register the synchronous answer to ``card.action.trigger`` (for one app, or all)::
+
+    @feishu_inbox.card_callback()
+    def on_card(action):
+        ledger.enqueue(...)  # durable follow-up work, if any
+        return {"toast": {"type": "success", "content": "Done"}}
+    """
+
+    def register(fn: CardCallback) -> CardCallback:
+        _card_callbacks[app] = fn
+        return fn
+
+    return register
+
+
+def card_callback_for(app: str) -> CardCallback | None:
+    return _card_callbacks.get(app) or _card_callbacks.get("*")

@@ -1,0 +1,18 @@
+"""Mount with ``path("feishu/", include("feishu_inbox.urls"))``:
+
+- ``feishu/events/``        the app named ``default``
+- ``feishu/<app>/events/``  one URL per Feishu app (each with its own secrets in APPS)
+"""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from .views import EventWebhook
+
+app_name = "feishu_inbox"
+
+urlpatterns = [
+    path("events/", EventWebhook.as_view(), {"app": "default"}, name="events"),
+    path("<slug:app>/events/", EventWebhook.as_view(), name="app_events"),
+]

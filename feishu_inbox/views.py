@@ -1,0 +1,221 @@
+"""The webhook: verify → decrypt → ledger.enqueue (one transaction) → 200. Nothing else runs.
+
+Refusals answer a short JSON error (``{"error": code, "message": …}``), log the reason (never
+secrets or the body) and store nothing. A database that is down or locked past its timeout
+answers 503, so Feishu redelivers; 2xx is sent only after the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+
+from . import feishu, ledger
+from .conf import InboxSettings, checked_settings
+from .feishu import ProtocolError
+
+log = logging.getLogger("feishu_inbox.webhook")
+
+SIGNATURE_HEADERS = (
+    "HTTP_X_LARK_REQUEST_TIMESTAMP",
+    "HTTP_X_LARK_REQUEST_NONCE",
+    "HTTP_X_LARK_SIGNATURE",
+)
+
+_card_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="feishu-card")
+
+
+def _error(code: str, message: str, status: int) -> JsonResponse:
+    return JsonResponse({"error": code, "message": message}, status=status)
+
+
+@method_decorator(csrf_exempt, name="dispatch")  # authenticated by signature and token
+class EventWebhook(View):
+    http_method_names = ["post"]
+
+    def http_method_not_allowed(
+        self, request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> HttpResponse:
+        response = _error("method_not_allowed", "Feishu delivers events with POST.", 405)
+        response["Allow"] = "POST"
+        return response
+
+    def post(self, request: HttpRequest, app: str = "default") -> HttpResponse:
+        started = time.perf_counter()
+        conf = checked_settings()
+        secrets = conf.APPS.get(app)
+        if secrets is None:
+            log.warning("refused delivery for unknown app %r", app)
+            return _error("unknown_app", f"No Feishu app {app!r} is configured here.", 404)
+        try:
+            body = self._read_body(request, conf)
+            response = self._handle(request, body, app, secrets, conf)
+        except ProtocolError as exc:
+            log.warning(
+                "refused delivery (app %s, %s): %s",
+                app,
+                exc.code,
+                exc.message,
+                extra={"remote_addr": request.META.get("REMOTE_ADDR")},
+            )
+            return _error(exc.code, exc.message, exc.status)
+        except DatabaseError as exc:
+            log.error("database unavailable, asking Feishu to redeliver: %s", type(exc).__name__)
+            response = _error(
+                "database_unavailable", "The event could not be stored; retry later.", 503
+            )
+            response["Retry-After"] = "5"
+            return response
+        log.debug("answered in %.1f ms", (time.perf_counter() - started) * 1000)
+        return response
+
+    def _read_body(self, request: HttpRequest, conf: InboxSettings) -> bytes:
+        limit = conf.MAX_BODY_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            raise ProtocolError("too_large", f"The body is over {limit} bytes.", status=413)
+        body = request.read(limit + 1)
+        if len(body) > limit:
+            raise ProtocolError("too_large", f"The body is over {limit} bytes.", status=413)
+        return body
+
+    def _handle(
+        self,
+        request: HttpRequest,
+        body: bytes,
+        app: str,
+        secrets: dict[str, str],
+        conf: InboxSettings,
+    ) -> HttpResponse:
+        encrypt_key = secrets.get("ENCRYPT_KEY") or ""
+        token = secrets.get("VERIFICATION_TOKEN") or ""
+        outer = feishu.parse_json_object(body)
+        signed = encrypt_key and any(h in request.META for h in SIGNATURE_HEADERS)
+        if signed:  # before decrypting: the signature covers the raw body
+            self._check_signature(request, body, encrypt_key, conf)
+        if "encrypt" in outer:
+            if not encrypt_key:
+                raise ProtocolError(
+                    "undecryptable",
+                    f"The body is encrypted but app {app!r} has no Encrypt Key configured.",
+                )
+            if not isinstance(outer["encrypt"], str):
+                raise ProtocolError("undecryptable", "The encrypt field is not a string.")
+            inner = feishu.parse_json_object(feishu.decrypt(encrypt_key, outer["encrypt"]))
+        elif encrypt_key:
+            raise ProtocolError(
+                "not_encrypted", f"App {app!r} has an Encrypt Key: the body must be encrypted."
+            )
+        else:
+            inner = outer
+
+        if feishu.is_url_verification(inner):  # carries no signature headers
+            if token and not feishu.token_matches(token, inner.get("token")):
+                raise ProtocolError("bad_token", "Wrong verification token.", status=401)
+            challenge = inner.get("challenge")
+            if not isinstance(challenge, str):
+                raise ProtocolError("missing_fields", "The URL verification has no challenge.")
+            log.info("answered URL verification for app %s", app)
+            return JsonResponse({"challenge": challenge})
+
+        if encrypt_key and not signed:
+            raise ProtocolError(
+                "missing_signature", "The X-Lark-Signature headers are missing.", status=401
+            )
+        envelope = feishu.parse_envelope(inner)
+        if token and not feishu.token_matches(token, envelope.token):
+            raise ProtocolError("bad_token", "Wrong verification token.", status=401)
+
+        if envelope.event_type == feishu.CARD_ACTION:
+            return self._card_action(app, envelope, conf)
+
+        keys = feishu.keys_for(envelope)
+        result = ledger.enqueue(
+            app=app,
+            event_id=envelope.event_id,
+            event_type=envelope.event_type,
+            dedupe_key=keys.dedupe_key,
+            partition_key=f"{app}:{keys.partition_key}"[:255],
+            private_message=keys.private_message,
+            payload=envelope.body,
+        )
+        log.info(
+            "%s event %s (%s, app %s) as job %s",
+            "stored" if result.created else "duplicate",
+            envelope.event_id,
+            envelope.event_type,
+            app,
+            result.job_id,
+        )
+        return JsonResponse({"ok": True, "duplicate": not result.created})
+
+    def _check_signature(
+        self, request: HttpRequest, body: bytes, encrypt_key: str, conf: InboxSettings
+    ) -> None:
+        timestamp, nonce, given = (request.META.get(h, "") for h in SIGNATURE_HEADERS)
+        if not (timestamp and nonce and given):
+            raise ProtocolError(
+                "missing_signature",
+                "Some X-Lark-Request-* signature headers are missing.",
+                status=401,
+            )
+        if not feishu.signature_matches(timestamp, nonce, encrypt_key, body, given):
+            raise ProtocolError("bad_signature", "The signature does not match.", status=401)
+        window = conf.REPLAY_WINDOW_SECONDS
+        if window is not None:
+            try:
+                age = abs(time.time() - int(timestamp))
+            except ValueError:
+                raise ProtocolError(
+                    "stale_timestamp", "X-Lark-Request-Timestamp is not a number.", status=401
+                ) from None
+            if age > window:
+                raise ProtocolError(
+                    "stale_timestamp",
+                    f"The request timestamp is {age:.0f}s away from now (limit {window:.0f}s).",
+                    status=401,
+                )
+
+    def _card_action(
+        self, app: str, envelope: feishu.Envelope, conf: InboxSettings
+    ) -> HttpResponse:
+        callback = feishu.card_callback_for(app)
+        if callback is None:
+            return JsonResponse({})
+        action = feishu.CardAction(app=app, envelope=envelope)
+
+        def run() -> dict[str, Any]:
+            try:
+                return callback(action)
+            finally:
+                connections.close_all()  # this thread's own connections
+
+        future = _card_pool.submit(run)
+        try:
+            answer = future.result(timeout=conf.CARD_CALLBACK_BUDGET_SECONDS)
+        except FutureTimeout:
+            log.error(
+                "card callback for %s took over %.1fs; answered {}",
+                envelope.event_id,
+                conf.CARD_CALLBACK_BUDGET_SECONDS,
+            )
+            return JsonResponse({})
+        except Exception:
+            log.exception("card callback for %s raised; answered {}", envelope.event_id)
+            return JsonResponse({})
+        if not isinstance(answer, dict):
+            log.error("card callback returned %s, not a dict; answered {}", type(answer).__name__)
+            return JsonResponse({})
+        return JsonResponse(answer)
