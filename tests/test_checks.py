@@ -12,8 +12,11 @@ from feishu_inbox.conf import checked_settings, inbox_settings
 from feishu_inbox.errors import ConfigurationError
 
 
+APPS = {"default": {"VERIFICATION_TOKEN": "t"}}
+
+
 def ids(**feishu_inbox: object) -> list[str]:
-    with override_settings(FEISHU_INBOX=feishu_inbox):
+    with override_settings(FEISHU_INBOX={"APPS": APPS, **feishu_inbox}):
         return sorted(m.id for m in run_checks() if m.id and m.id.startswith("feishu_inbox"))
 
 
@@ -45,7 +48,7 @@ def test_settings_are_read_at_use_time() -> None:
 )
 def test_invalid_combinations_are_errors(bad: dict[str, object]) -> None:
     assert ids(**bad) == ["feishu_inbox.E002"]
-    with override_settings(FEISHU_INBOX=bad), pytest.raises(ConfigurationError):
+    with override_settings(FEISHU_INBOX={"APPS": APPS, **bad}), pytest.raises(ConfigurationError):
         checked_settings()
 
 
