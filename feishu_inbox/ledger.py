@@ -22,9 +22,11 @@ import os
 import random
 import secrets
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -144,6 +146,28 @@ def _dialect() -> _Dialect:
         raw.create_function("feishu_inbox_now", 1, _sqlite_now)
         connection.__dict__["_feishu_inbox_raw"] = raw
     return _SQLITE
+
+
+#: SQLite has one writer at a time, and its busy handler sleeps in growing steps (up to 100 ms)
+#: instead of waking when the lock frees. Writers of one process queue on this lock instead,
+#: which wakes the next at once; only writers of other processes meet the busy handler.
+_sqlite_writer = threading.RLock()
+
+
+@contextmanager
+def _serialized() -> Iterator[None]:
+    if connection.vendor == "sqlite":
+        with _sqlite_writer:
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def _write_txn() -> Iterator[None]:
+    """One ledger transaction (IMMEDIATE on SQLite, per the database OPTIONS)."""
+    with _serialized(), transaction.atomic():
+        yield
 
 
 def _in(values: Sequence[Any]) -> str:
@@ -274,7 +298,7 @@ def enqueue(
             [app, event_id, event_type, dedupe_key, partition_key, private_message, payload_json],
         )[0]
         return EnqueueResult(job_id=job_id, created=created)
-    with transaction.atomic():
+    with _write_txn():
         # 1. Lock (or create) the partition row: enqueues into one partition serialise here.
         head_id = _fetchall(
             f"""
@@ -333,7 +357,7 @@ def expire_leases(limit: int = 100) -> int:
     probe = f"SELECT id, partition_key FROM {J} WHERE status = %s AND lease_until <= {d.now} "
     if not _fetchall(probe + "LIMIT 1", [_RUNNING]):  # the usual case: one cheap index probe
         return 0
-    with transaction.atomic():
+    with _write_txn():
         candidates = _fetchall(probe + "ORDER BY id LIMIT %s", [_RUNNING, limit])
         if not candidates:
             return 0
@@ -416,7 +440,7 @@ def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
             [worker_id, token, lease_seconds, limit],
         )
     else:  # SQLite: one writer at a time, so no row locks are needed
-        with transaction.atomic():
+        with _write_txn():
             picked = _fetchall(
                 f"SELECT key, head_id FROM {P} "
                 f"WHERE head_state IN {_CLAIMABLE_SQL} AND head_due_at <= {d.now} "
@@ -496,10 +520,12 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
     conf = checked_settings()
     seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
     d = _dialect()
-    rows = _fetchall(
-        f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} RETURNING lease_until",
-        [seconds, *_fence_params(lease)],
-    )
+    with _serialized():
+        rows = _fetchall(
+            f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} "
+            "RETURNING lease_until",
+            [seconds, *_fence_params(lease)],
+        )
     if not rows:
         raise _lease_lost(lease, "renew")
     return _aware(rows[0][0])
@@ -508,23 +534,27 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
 def begin_effect(lease: Lease) -> None:
     """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects)."""
     d = _dialect()
-    if not _execute(
-        f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
-        f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
-        _fence_params(lease),
-    ):
+    with _serialized():
+        updated = _execute(
+            f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
+            f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
+            _fence_params(lease),
+        )
+    if not updated:
         raise _lease_lost(lease, "start an effect for")
 
 
 def end_effect(lease: Lease, *, ok: bool) -> None:
     """Record the effect as finished (``ok``) or uncertain (it raised)."""
     d = _dialect()
-    if not _execute(
-        f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
-        f"effect_uncertain = (effect_uncertain OR %s) "
-        f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
-        [not ok, *_fence_params(lease)],
-    ):
+    with _serialized():
+        updated = _execute(
+            f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
+            f"effect_uncertain = (effect_uncertain OR %s) "
+            f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
+            [not ok, *_fence_params(lease)],
+        )
+    if not updated:
         raise _lease_lost(lease, "end an effect of")
 
 
@@ -535,7 +565,7 @@ _EFFECT_ANY = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain
 def _end_attempt(lease: Lease, doing: str, set_sql: str, params: list[Any]) -> str:
     """Apply a fenced terminal update of the running head; returns the new status."""
     d = _dialect()
-    with transaction.atomic():
+    with _write_txn():
         _lock_partitions(d, [lease.partition_key])
         rows = _fetchall(
             f"UPDATE {J} SET {set_sql}, lease_token = '', lease_until = NULL "
@@ -645,7 +675,7 @@ def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | 
 def hand_back(lease: Lease) -> str:
     """Return a job that started no effect to the queue at once, without spending an attempt."""
     d = _dialect()
-    with transaction.atomic():
+    with _write_txn():
         _lock_partitions(d, [lease.partition_key])
         rows = _fetchall(
             f"""
@@ -703,7 +733,7 @@ def _operator_action(
     outcome = Outcome()
     for job_id in dict.fromkeys(job_ids):
         try:
-            with transaction.atomic():
+            with _write_txn():
                 rows = _fetchall(f"SELECT partition_key FROM {J} WHERE id = %s", [job_id])
                 if not rows:
                     raise JobNotFound(f"Cannot {doing} job {job_id}: there is no such job.")
@@ -814,7 +844,7 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
     batches = 0
     cutoff = -conf.COMPLETED_RETENTION.total_seconds()
     while max_batches is None or batches < max_batches:
-        with transaction.atomic():
+        with _write_txn():
             ids = [
                 r[0]
                 for r in _fetchall(

@@ -74,9 +74,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {
         "NAME": env.str("SQLITE_TEST_NAME", default=str(BASE_DIR / "test-db.sqlite3"))
     }
-else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=300)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Persistent connections: opening one per request costs more than the webhook's own work
+# (on SQLite it also re-runs the PRAGMAs); health checks replace a connection that died.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=300)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

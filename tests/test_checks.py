@@ -11,7 +11,6 @@ from django.test import override_settings
 from feishu_inbox.conf import checked_settings, inbox_settings
 from feishu_inbox.errors import ConfigurationError
 
-
 APPS = {"default": {"VERIFICATION_TOKEN": "t"}}
 
 
