@@ -9,4 +9,16 @@ class FeishuInboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import inbox_settings
+        from .handlers import load_modules
+
+        # Handlers: a ``feishu_handlers`` module in any installed app, then the listed modules.
+        autodiscover_modules("feishu_handlers")
+        try:
+            modules = list(inbox_settings().HANDLER_MODULES)
+        except Exception:
+            modules = []
+        load_modules(modules)

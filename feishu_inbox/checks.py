@@ -94,3 +94,13 @@ def check_app_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         if isinstance(secrets, dict)
         and not (secrets.get("ENCRYPT_KEY") or secrets.get("VERIFICATION_TOKEN"))
     ]
+
+
+@register()
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .handlers import problems
+
+    return [
+        Error(problem, hint="Register exactly one callable per event type.", id="feishu_inbox.E003")
+        for problem in problems()
+    ]

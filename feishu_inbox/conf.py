@@ -37,6 +37,8 @@ class InboxSettings:
     PURGE_BATCH_SIZE: int = 1000
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
+    #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.
+    HANDLER_MODULES: tuple[str, ...] | list[str] = ()
     #: Feishu apps this site receives events for: name -> {"ENCRYPT_KEY", "VERIFICATION_TOKEN"}.
     #: No ENCRYPT_KEY means plaintext mode (token check only).
     APPS: dict[str, dict[str, str]] = field(default_factory=dict)

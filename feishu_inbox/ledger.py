@@ -880,6 +880,14 @@ def next_wakeup() -> datetime | None:
     return _aware(rows[0][0])
 
 
+def seconds_until_wakeup() -> float | None:
+    """Seconds until ``next_wakeup()`` by the database's clock (negative: overdue)."""
+    wake = next_wakeup()
+    if wake is None:
+        return None
+    return (wake - database_now()).total_seconds()
+
+
 def database_now() -> datetime:
     """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
     d = _dialect()
@@ -982,6 +990,7 @@ __all__ = [
     "reconcile",
     "renew",
     "requeue",
+    "seconds_until_wakeup",
     "should_interrupt",
     "stats",
 ]

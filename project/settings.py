@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "feishu_inbox",
+    "project.demo",
 ]
 
 MIDDLEWARE = [
@@ -90,6 +91,11 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 FEISHU_INBOX: dict[str, object] = {
+    "HANDLER_MODULES": env.list("FEISHU_INBOX_HANDLERS", default=[]),
+    "MAX_ATTEMPTS": env.int("FEISHU_INBOX_MAX_ATTEMPTS", default=5),
+    "BACKOFF_BASE": env.float("FEISHU_INBOX_BACKOFF_BASE", default=5.0),
+    "LEASE_SECONDS": env.float("FEISHU_INBOX_LEASE_SECONDS", default=60.0),
+    "POLL_INTERVAL": env.float("FEISHU_INBOX_POLL_INTERVAL", default=1.0),
     "APPS": {
         "default": {
             "ENCRYPT_KEY": env.str("FEISHU_ENCRYPT_KEY", default=""),

@@ -1,0 +1,244 @@
+"""The handler API: registering handlers, the event a handler sees, effects and checkpoints.
+
+    import feishu_inbox
+
+    @feishu_inbox.handler("im.message.receive_v1")
+    def reply(event):
+        answer = think(event.payload)          # may run again after a crash: no effects here
+        feishu_inbox.checkpoint()              # stop here if a newer direct message waits
+        with feishu_inbox.effect():            # persisted before the call starts
+            send_reply(answer)                 # never repeated automatically after this line
+
+Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
+and by ``FEISHU_INBOX["HANDLER_MODULES"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import import_module
+from types import TracebackType
+from typing import Any
+
+from .errors import ConfigurationError, LeaseLost, Superseded
+
+log = logging.getLogger("feishu_inbox.handlers")
+
+Handler = Callable[["Event"], Any]
+_registry: dict[str, list[Handler]] = {}
+_problems: list[str] = []
+
+
+def handler(event_type: str) -> Callable[[Handler], Handler]:
+    """Register a sync or ``async def`` function for one event type."""
+
+    def register(fn: Handler) -> Handler:
+        if not callable(fn):
+            _problems.append(f"the handler for {event_type!r} is not callable: {fn!r}")
+            return fn
+        if fn not in _registry.setdefault(event_type, []):
+            _registry[event_type].append(fn)
+        return fn
+
+    if not isinstance(event_type, str) or not event_type:
+        _problems.append(f"@handler needs an event type string, got {event_type!r}")
+    return register
+
+
+def registered() -> dict[str, Handler]:
+    return {t: fns[0] for t, fns in _registry.items() if fns}
+
+
+def problems() -> list[str]:
+    """Every problem with the registered handlers, as sentences."""
+    found = list(_problems)
+    for event_type, fns in sorted(_registry.items()):
+        if len(fns) > 1:
+            names = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in fns)
+            found.append(f"{len(fns)} handlers for {event_type!r}: {names}")
+    return found
+
+
+def validate() -> None:
+    """Raise one ConfigurationError listing every handler problem (at worker start-up)."""
+    found = problems()
+    if found:
+        raise ConfigurationError(
+            "Invalid handlers: " + "; ".join(found) + ".",
+            fix="Register exactly one callable per event type.",
+        )
+
+
+def load_modules(modules: list[str]) -> None:
+    for name in modules:
+        try:
+            import_module(name)
+        except ImportError as exc:
+            _problems.append(f"handler module {name!r} cannot be imported: {exc}")
+
+
+def _reset_for_tests() -> tuple[dict[str, list[Handler]], list[str]]:
+    saved = ({k: list(v) for k, v in _registry.items()}, list(_problems))
+    _registry.clear()
+    _problems.clear()
+    return saved
+
+
+def _restore_for_tests(saved: tuple[dict[str, list[Handler]], list[str]]) -> None:
+    _registry.clear()
+    _registry.update(saved[0])
+    _problems[:] = saved[1]
+
+
+# --- what a running handler sees --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    job_id: int
+    event_id: str
+    event_type: str
+    app: str
+    payload: dict[str, Any]
+    partition_key: str
+    attempt: int
+    private_message: bool
+
+
+@dataclass
+class JobContext:
+    """The worker's side of one running job; handlers reach it through ``effect``/``checkpoint``."""
+
+    lease: Any  # ledger.Lease (kept untyped here: this module must not import models)
+    event: Event
+    started: float = field(default_factory=time.monotonic)
+    renewed_at: float = field(default_factory=time.monotonic)
+    lost: threading.Event = field(default_factory=threading.Event)
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    effects_started: bool = False
+    on_lost: Callable[[JobContext], None] | None = None
+
+    def mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            log.error("job %s lost its lease: %s", self.event.job_id, why)
+            if self.on_lost:
+                self.on_lost(self)
+
+    def ensure_alive(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(f"Job {self.event.job_id} lost its lease; stop working on it.")
+
+
+_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("feishu_inbox_job")
+
+
+def current() -> JobContext:
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "effect() and checkpoint() work only inside a handler run by the worker."
+        ) from None
+
+
+def checkpoint() -> None:
+    """Stop here (raise ``Superseded``) if a newer private message waits in this chat.
+
+    Call it between completed operations, never inside an effect. A no-op for other events.
+    """
+    ctx = current()
+    ctx.ensure_alive()
+    if ctx.interrupt.is_set():
+        raise Superseded(f"Job {ctx.event.job_id} was superseded by a newer message.")
+
+
+class effect:
+    """Wrap one external action (HTTP call, email, payment): SPEC §3 Effects.
+
+    Entering persists "an effect is in flight" before the action starts, and raises the
+    lease-lost error instead if the job's lease is gone. Leaving normally records it done;
+    leaving by an exception records it uncertain, and the job ends ``unknown``.
+    """
+
+    def __enter__(self) -> effect:
+        from . import ledger
+
+        ctx = current()
+        ctx.ensure_alive()
+        try:
+            ledger.begin_effect(ctx.lease)
+        except LeaseLost as exc:
+            ctx.mark_lost(str(exc))
+            raise
+        ctx.effects_started = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        from . import ledger
+
+        ctx = current()
+        try:
+            ledger.end_effect(ctx.lease, ok=exc_type is None)
+        except LeaseLost as lost:
+            ctx.mark_lost(str(lost))
+            if exc_type is None:
+                raise
+
+    async def __aenter__(self) -> effect:
+        from . import ledger
+
+        ctx = current()
+        ctx.ensure_alive()
+        try:
+            await asyncio.to_thread(_in_db_thread, ledger.begin_effect, ctx.lease)
+        except LeaseLost as exc:
+            ctx.mark_lost(str(exc))
+            raise
+        ctx.effects_started = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        from . import ledger
+
+        ctx = current()
+        try:
+            await asyncio.to_thread(
+                _in_db_thread,
+                lambda lease: ledger.end_effect(lease, ok=exc_type is None),
+                ctx.lease,
+            )
+        except LeaseLost as lost:
+            ctx.mark_lost(str(lost))
+            if exc_type is None:
+                raise
+
+
+def _in_db_thread(fn: Callable[[Any], Any], arg: Any) -> Any:
+    from django.db import close_old_connections
+
+    close_old_connections()
+    return fn(arg)
+
+
+def is_async(fn: Handler) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )

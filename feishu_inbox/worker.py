@@ -1,0 +1,410 @@
+"""The Worker: claims jobs into N slots, runs handlers, renews leases, sleeps until work.
+
+Threads:
+- the main thread claims (up to the free slots in one call), then sleeps on an event that a
+  finished job, a PostgreSQL NOTIFY, a due time or a signal sets;
+- N handler threads (daemon, each with its own persistent database connection); ``async def``
+  handlers run on one event loop thread instead, so sync ones never block it;
+- a heartbeat thread renews leases every third of the lease and watches private jobs for a
+  newer message (SPEC §4); a failed renewal marks the job lost and frees its slot;
+- on PostgreSQL a listener thread with its own connection LISTENs for enqueues.
+
+Signals: the first SIGTERM/SIGINT stops claiming and lets handlers finish for ``grace_seconds``,
+then hands back the jobs that started no effect; a second one exits at once (leases expire).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connection, connections
+
+from . import handlers, ledger
+from .conf import checked_settings
+from .errors import InvalidState, LeaseLost, Superseded
+
+log = logging.getLogger("feishu_inbox.worker")
+
+#: Longest sleep on PostgreSQL while the NOTIFY listener is healthy.
+LISTEN_MAX_SLEEP = 30.0
+#: Shortest sleep: a due time in the past (another claimer holds it) must not make us spin.
+MIN_SLEEP = 0.05
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    concurrency: int = 1
+    lease_seconds: float | None = None
+    worker_id: str | None = None
+    burst: bool = False
+    max_jobs: int | None = None
+    grace_seconds: float = 30.0
+
+
+class _Pool:
+    """Daemon threads that keep their database connection between jobs.
+
+    A job whose lease was lost keeps its thread until its handler returns, but gives up its
+    slot at once; the pool grows a thread for the next job rather than wait for it.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle == 0:
+                self._count += 1
+                threading.Thread(
+                    target=self._run, name=f"feishu-handler-{self._count}", daemon=True
+                ).start()
+            else:
+                self._idle -= 1
+        self._tasks.put(task)
+
+    def _run(self) -> None:
+        while True:
+            task = self._tasks.get()
+            try:
+                task()
+            except Exception:
+                log.exception("unexpected error in a handler thread")
+            with self._lock:
+                self._idle += 1
+
+
+class _AsyncRunner:
+    """One event loop thread for ``async def`` handlers, started on first use."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro_fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._loop.run_forever, name="feishu-async", daemon=True
+                ).start()
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self._loop).result()
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions) -> None:
+        conf = checked_settings()
+        handlers.validate()
+        if options.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.options = options
+        self.worker_id = options.worker_id or ledger.new_worker_id()
+        self.lease_seconds = options.lease_seconds or conf.LEASE_SECONDS
+        self.poll_interval = conf.POLL_INTERVAL
+        self.handlers = handlers.registered()
+        self._wake = threading.Event()
+        self._stop = threading.Event()  # no more claims
+        self._done = threading.Event()  # threads exit
+        self._lock = threading.Lock()
+        self._active: dict[int, handlers.JobContext] = {}  # jobs holding a slot
+        self._pool = _Pool()
+        self._async = _AsyncRunner()
+        self._listening = False
+        self._claimed = 0
+        self._signals = 0
+        self.outcomes: dict[str, int] = {}
+
+    # --- the main loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = self._install_signals()
+        heartbeat = threading.Thread(target=self._heartbeat, name="feishu-heartbeat", daemon=True)
+        heartbeat.start()
+        if connection.vendor == "postgresql":
+            threading.Thread(target=self._listen, name="feishu-listen", daemon=True).start()
+        log.info(
+            "worker %s started: concurrency %s, lease %ss, handlers for %s",
+            self.worker_id,
+            self.options.concurrency,
+            self.lease_seconds,
+            ", ".join(sorted(self.handlers)) or "no event type",
+        )
+        try:
+            self._loop()
+            self._drain()
+        finally:
+            self._done.set()
+            self._wake.set()
+            self._restore_signals(previous)
+            connections.close_all()
+        log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
+        return 0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            free = self.options.concurrency - self._occupied()
+            if self.options.max_jobs is not None:
+                free = min(free, self.options.max_jobs - self._claimed)
+                if free <= 0 and self._claimed >= self.options.max_jobs:
+                    break
+            claimed = []
+            if free > 0:
+                claimed = self._claim(free)
+                for job in claimed:
+                    self._start(job)
+                if claimed:
+                    continue
+                if self.options.burst and self._occupied() == 0:
+                    break  # nothing is due and nothing of ours runs
+            self._sleep(free > 0)
+            self._wake.clear()
+
+    def _claim(self, limit: int) -> list[ledger.ClaimedJob]:
+        try:
+            close_old_connections()
+            return ledger.claim(self.worker_id, lease_seconds=self.lease_seconds, limit=limit)
+        except DatabaseError as exc:
+            log.error("claim failed (%s); retrying", exc)
+            connection.close()
+            self._stop.wait(min(self.poll_interval, 1.0))
+            return []
+
+    def _sleep(self, can_claim: bool) -> None:
+        longest = LISTEN_MAX_SLEEP if self._listening else self.poll_interval
+        timeout = longest
+        if can_claim:
+            try:
+                until = ledger.seconds_until_wakeup()
+            except DatabaseError as exc:
+                log.error("could not read the next wake-up (%s)", exc)
+                connection.close()
+                until = None
+            if until is not None:
+                timeout = min(longest, max(MIN_SLEEP, until))
+        self._wake.wait(timeout)
+
+    def _occupied(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    # --- one job -----------------------------------------------------------------------------
+
+    def _start(self, job: ledger.ClaimedJob) -> None:
+        event = handlers.Event(
+            job_id=job.id,
+            event_id=job.event_id,
+            event_type=job.event_type,
+            app=job.app,
+            payload=job.payload,
+            partition_key=job.lease.partition_key,
+            attempt=job.lease.attempt,
+            private_message=job.private_message,
+        )
+        ctx = handlers.JobContext(lease=job.lease, event=event, on_lost=self._release)
+        with self._lock:
+            self._active[job.id] = ctx
+            self._claimed += 1
+        self._pool.submit(lambda: self._run_job(ctx))
+
+    def _release(self, ctx: handlers.JobContext) -> None:
+        with self._lock:
+            if self._active.get(ctx.event.job_id) is ctx:
+                del self._active[ctx.event.job_id]
+        self._wake.set()
+
+    def _run_job(self, ctx: handlers.JobContext) -> None:
+        event = ctx.event
+        close_old_connections()
+        outcome = "error"
+        try:
+            if event.private_message and ledger.should_interrupt(ctx.lease, private_message=True):
+                ctx.interrupt.set()
+            outcome = self._execute(ctx)
+        except LeaseLost as exc:
+            ctx.mark_lost(str(exc))
+            outcome = "lease_lost"
+        except DatabaseError as exc:
+            log.error(
+                "job %s: the ledger is unreachable (%s); its lease will expire", event.job_id, exc
+            )
+            outcome = "database_error"
+        finally:
+            self._release(ctx)
+            close_old_connections()
+            with self._lock:
+                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            log.info(
+                "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
+                event.job_id,
+                event.event_id,
+                event.event_type,
+                event.partition_key,
+                event.attempt,
+                outcome,
+                (time.monotonic() - ctx.started) * 1000,
+            )
+
+    def _execute(self, ctx: handlers.JobContext) -> str:
+        fn = self.handlers.get(ctx.event.event_type)
+        if fn is None:
+            return ledger.finish(ctx.lease, note="NoHandler") + " (NoHandler)"
+        token = handlers._current.set(ctx)
+        try:
+            if handlers.is_async(fn):
+
+                async def call() -> Any:
+                    handlers._current.set(ctx)
+                    return await fn(ctx.event)
+
+                self._async.run(call)
+            else:
+                fn(ctx.event)
+        except Superseded:
+            return ledger.finish(ctx.lease, superseded=True) + " (Superseded)"
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            log.warning(
+                "job %s handler raised %s: %s",
+                ctx.event.job_id,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+            ctx.ensure_alive()
+            return ledger.fail(ctx.lease, error_type=type(exc).__name__, message=str(exc))
+        finally:
+            handlers._current.reset(token)
+        ctx.ensure_alive()
+        return ledger.finish(ctx.lease)
+
+    # --- heartbeat: renewals and supersede checks ------------------------------------------
+
+    def _heartbeat(self) -> None:
+        renew_every = self.lease_seconds / 3
+        while not self._done.is_set():
+            with self._lock:
+                contexts = list(self._active.values())
+            watching_private = False
+            for ctx in contexts:
+                if ctx.lost.is_set():
+                    continue
+                now = time.monotonic()
+                if now - ctx.renewed_at >= renew_every:
+                    self._renew(ctx, now)
+                if ctx.event.private_message and not ctx.interrupt.is_set():
+                    watching_private = True
+                    try:
+                        if ledger.should_interrupt(ctx.lease, private_message=True):
+                            ctx.interrupt.set()
+                    except DatabaseError:
+                        connection.close()
+            tick = min(renew_every, 0.5) if watching_private else renew_every
+            if not contexts:
+                tick = min(renew_every, 1.0)
+            self._done.wait(tick)
+        connections.close_all()
+
+    def _renew(self, ctx: handlers.JobContext, now: float) -> None:
+        try:
+            close_old_connections()
+            ledger.renew(ctx.lease, lease_seconds=self.lease_seconds)
+            ctx.renewed_at = now
+        except LeaseLost as exc:
+            ctx.mark_lost(str(exc))
+        except DatabaseError as exc:
+            connection.close()
+            # Fail safe: past our own estimate of the deadline, assume the lease is gone.
+            if now - ctx.renewed_at >= self.lease_seconds:
+                ctx.mark_lost(f"could not renew for a whole lease ({exc})")
+
+    # --- wake-ups ----------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        import psycopg
+
+        params = {
+            k: v
+            for k, v in connection.get_connection_params().items()
+            if k not in ("cursor_factory", "context", "prepare_threshold", "client_encoding")
+        }
+        while not self._done.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {ledger.NOTIFY_CHANNEL}")
+                    self._listening = True
+                    self._wake.set()  # anything enqueued before we listened
+                    while not self._done.is_set():
+                        for _ in conn.notifies(timeout=5.0, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                self._listening = False
+                log.warning("LISTEN connection failed (%s); polling until it is back", exc)
+                self._done.wait(1.0)
+        self._listening = False
+
+    # --- shutdown ----------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            os.write(2, b"feishu_inbox worker: second signal, exiting at once\n")
+            os._exit(1)
+        log.info(
+            "worker %s: %s received, finishing running jobs",
+            self.worker_id,
+            signal.Signals(signum).name,
+        )
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` then drains and returns."""
+        self._stop.set()
+        self._wake.set()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.options.grace_seconds
+        while self._occupied() and time.monotonic() < deadline:
+            self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            self._wake.clear()
+        with self._lock:
+            left = list(self._active.values())
+        for ctx in left:
+            if ctx.effects_started:
+                log.warning(
+                    "job %s is inside an effect past the grace period; its lease will "
+                    "expire and it will become unknown",
+                    ctx.event.job_id,
+                )
+                continue
+            try:
+                close_old_connections()
+                state = ledger.hand_back(ctx.lease)
+                ctx.mark_lost("handed back at shutdown")
+                log.info("job %s handed back (%s)", ctx.event.job_id, state)
+            except (LeaseLost, InvalidState) as exc:
+                log.warning("job %s not handed back: %s", ctx.event.job_id, exc)
