@@ -217,6 +217,12 @@ def _resync_heads(keys: Iterable[str]) -> None:
         )
 
 
+def _notify(d: _Dialect, key: str) -> None:
+    """Wake idle workers (PostgreSQL; delivered at commit): a head became claimable."""
+    if d.pg:
+        _execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, key[:200]])
+
+
 def _record_attempts(d: _Dialect, job_ids: Sequence[int], number_offset: int = 0) -> None:
     """History row for each job's attempt that just ended (run after the job's update)."""
     if not job_ids:
@@ -700,6 +706,7 @@ def hand_back(lease: Lease) -> str:
             raise _lease_lost(lease, "hand back")
         _record_attempts(d, [lease.job_id], number_offset=1)
         _resync_heads([lease.partition_key])
+        _notify(d, lease.partition_key)
     return str(rows[0][0])
 
 
@@ -750,6 +757,7 @@ def _operator_action(
                         fix=hint,
                     )
                 _resync_heads([changed[0][0]])
+                _notify(d, changed[0][0])
             outcome.done.append(job_id)
         except LedgerError as exc:
             outcome.refused[job_id] = exc

@@ -1,0 +1,73 @@
+"""Handlers for the worker tests, loaded by ``runworker`` via FEISHU_INBOX_HANDLERS.
+
+A job's payload lists its steps; the handler records what it does to
+``$WORKER_TEST_DIR/events.log`` (one short line per write, appended), so a test can wait on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import feishu_inbox
+from feishu_inbox import Event
+
+DIR = Path(os.environ.get("WORKER_TEST_DIR", "."))
+
+
+def record(*parts: object) -> None:
+    with open(DIR / "events.log", "a") as log:
+        log.write(" ".join(str(p) for p in parts) + "\n")
+
+
+def gate_open(name: str) -> bool:
+    return (DIR / f"gate-{name}").exists()
+
+
+def wait_gate(name: str) -> None:
+    deadline = time.monotonic() + 120
+    while not gate_open(name):  # the test opens the gate: a condition, polled
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {name} never opened")
+        time.sleep(0.01)
+
+
+@feishu_inbox.handler("test.steps")
+def steps(event: Event) -> None:
+    pid = os.getpid()
+    record("start", event.event_id, pid, time.monotonic_ns(), event.attempt)
+    for step in event.payload.get("steps", []):
+        kind, _, arg = step.partition(":")
+        if kind == "gate":
+            wait_gate(arg)
+        elif kind == "effect":
+            with feishu_inbox.effect():
+                record("effect", event.event_id, pid)
+        elif kind == "effect_gate":
+            with feishu_inbox.effect():
+                record("in_effect", event.event_id, pid)
+                wait_gate(arg)
+        elif kind == "fail":
+            raise ValueError(arg or "boom")
+        elif kind == "checkpoint":
+            feishu_inbox.checkpoint()
+        elif kind == "until_superseded":
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                feishu_inbox.checkpoint()
+                time.sleep(0.02)
+            raise TimeoutError("never superseded")
+    record("end", event.event_id, pid, time.monotonic_ns())
+
+
+@feishu_inbox.handler("test.async")
+async def async_steps(event: Event) -> None:
+    pid = os.getpid()
+    record("start", event.event_id, pid, time.monotonic_ns(), event.attempt)
+    await asyncio.sleep(0)
+    feishu_inbox.checkpoint()
+    async with feishu_inbox.effect():
+        record("effect", event.event_id, pid)
+    record("end", event.event_id, pid, time.monotonic_ns())
