@@ -422,10 +422,7 @@ def claim(
         raise LedgerError(f"lease_seconds must be > 0 (got {lease_seconds}).")
     if limit < 1:
         return []
-    swept = time.monotonic() - _last_sweep[0] >= EXPIRY_SWEEP_INTERVAL
-    if swept:
-        _last_sweep[0] = time.monotonic()
-        expire_leases()
+    swept = _maybe_sweep()
     jobs = _pick(worker_id, lease_seconds, limit)
     if not jobs and not swept and expire_leases():
         jobs = _pick(worker_id, lease_seconds, limit)
@@ -435,6 +432,31 @@ def claim(
 _CLAIMED_COLUMNS = (
     "id, event_id, event_type, app, payload, private_message, attempt, partition_key, lease_until"
 )
+
+
+def _maybe_sweep() -> bool:
+    """Recover expired leases if this process has not looked for a while; True if it did."""
+    if time.monotonic() - _last_sweep[0] < EXPIRY_SWEEP_INTERVAL:
+        return False
+    _last_sweep[0] = time.monotonic()
+    expire_leases()
+    return True
+
+
+def _claimed_jobs(rows: list[tuple[Any, ...]], worker_id: str, token: str) -> list[ClaimedJob]:
+    rows = sorted(rows, key=lambda r: r[0])
+    return [
+        ClaimedJob(
+            lease=Lease(job_id, worker_id, token, key, attempt),
+            event_id=event_id,
+            event_type=event_type,
+            app=app,
+            payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
+            private_message=bool(private),
+            lease_until=_aware(lease_until),
+        )
+        for job_id, event_id, event_type, app, payload, private, attempt, key, lease_until in rows
+    ]
 
 
 def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
@@ -471,19 +493,7 @@ def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
                     f"partition heads {ids} did not match claimable jobs; claim rolled back.",
                     fix="Report this as a bug; `python manage.py inbox stats` shows the ledger.",
                 )
-    rows.sort(key=lambda r: r[0])
-    return [
-        ClaimedJob(
-            lease=Lease(job_id, worker_id, token, key, attempt),
-            event_id=event_id,
-            event_type=event_type,
-            app=app,
-            payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
-            private_message=bool(private),
-            lease_until=_aware(lease_until),
-        )
-        for job_id, event_id, event_type, app, payload, private, attempt, key, lease_until in rows
-    ]
+    return _claimed_jobs(rows, worker_id, token)
 
 
 # --- fenced operations of the lease holder -------------------------------------------------
@@ -639,6 +649,57 @@ def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
         """,
         [kept],
     )
+
+
+def finish_and_claim(
+    lease: Lease,
+    *,
+    limit: int,
+    lease_seconds: float | None = None,
+    superseded: bool = False,
+    note: str = "",
+) -> tuple[str, list[ClaimedJob]]:
+    """``finish``, then claim up to ``limit`` next heads for the same worker.
+
+    On PostgreSQL both happen in one statement: one round trip and one commit per job instead
+    of two, for a worker whose slot would otherwise claim again at once. Nothing is claimed if
+    the lease was lost (LeaseLost is raised, as by ``finish``).
+    """
+    d = _dialect()
+    if not d.pg or limit < 1:
+        status = finish(lease, superseded=superseded, note=note)
+        jobs = claim(lease.worker_id, lease_seconds=lease_seconds, limit=limit) if limit else []
+        return status, jobs
+    conf = checked_settings()
+    seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    _maybe_sweep()
+    token = uuid.uuid4().hex
+    columns = ", ".join(f"c.{c.strip()}" for c in _CLAIMED_COLUMNS.split(","))
+    rows = _fetchall(
+        f"""
+        SELECT d.status, {columns}
+        FROM (SELECT feishu_inbox_end_attempt(%s, %s, %s, %s, FALSE, %s, '', 0, 0) AS status) d
+        LEFT JOIN LATERAL feishu_inbox_claim(
+            %s, %s, %s, CASE WHEN d.status IS NULL THEN 0 ELSE %s END
+        ) c ON TRUE
+        """,
+        [
+            lease.job_id,
+            lease.worker_id,
+            lease.token,
+            lease.partition_key,
+            "Superseded" if superseded else note,
+            lease.worker_id,
+            token,
+            seconds,
+            limit,
+        ],
+    )
+    status = rows[0][0]
+    if status is None:
+        raise _lease_lost(lease, "finish")
+    claimed = [r[1:] for r in rows if r[1] is not None]
+    return str(status), _claimed_jobs(claimed, lease.worker_id, token)
 
 
 def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None) -> str:
@@ -991,6 +1052,7 @@ __all__ = [
     "expire_leases",
     "fail",
     "finish",
+    "finish_and_claim",
     "hand_back",
     "new_worker_id",
     "next_wakeup",

@@ -41,6 +41,21 @@ LISTEN_MAX_SLEEP = 30.0
 MIN_SLEEP = 0.05
 
 
+_checked = threading.local()
+#: How often a thread hands its connection to Django's ``close_old_connections`` (which drops
+#: an obsolete or broken connection; with CONN_HEALTH_CHECKS the next query then pings the
+#: server). Per job, the ping would cost a round trip each time; a broken connection is also
+#: dropped at once after any DatabaseError.
+CONNECTION_CHECK_INTERVAL = 1.0
+
+
+def _check_connection(force: bool = False) -> None:
+    now = time.monotonic()
+    if force or now - getattr(_checked, "at", 0.0) >= CONNECTION_CHECK_INTERVAL:
+        close_old_connections()
+        _checked.at = now
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
     concurrency: int = 1
@@ -173,7 +188,7 @@ class Worker:
 
     def _claim(self, limit: int) -> list[ledger.ClaimedJob]:
         try:
-            close_old_connections()
+            _check_connection()
             return ledger.claim(self.worker_id, lease_seconds=self.lease_seconds, limit=limit)
         except DatabaseError as exc:
             log.error("claim failed (%s); retrying", exc)
@@ -201,7 +216,7 @@ class Worker:
 
     # --- one job -----------------------------------------------------------------------------
 
-    def _start(self, job: ledger.ClaimedJob) -> None:
+    def _context(self, job: ledger.ClaimedJob) -> handlers.JobContext:
         event = handlers.Event(
             job_id=job.id,
             event_id=job.event_id,
@@ -212,7 +227,10 @@ class Worker:
             attempt=job.lease.attempt,
             private_message=job.private_message,
         )
-        ctx = handlers.JobContext(lease=job.lease, event=event, on_lost=self._release)
+        return handlers.JobContext(lease=job.lease, event=event, on_lost=self._release)
+
+    def _start(self, job: ledger.ClaimedJob) -> None:
+        ctx = self._context(job)
         with self._lock:
             self._active[job.id] = ctx
             self._claimed += 1
@@ -224,14 +242,30 @@ class Worker:
                 del self._active[ctx.event.job_id]
         self._wake.set()
 
-    def _run_job(self, ctx: handlers.JobContext) -> None:
-        event = ctx.event
-        close_old_connections()
+    def _reserve(self) -> int:
+        """One more claim for a slot that is about to free up, unless stopping or at max."""
+        with self._lock:
+            if self._stop.is_set():
+                return 0
+            if self.options.max_jobs is not None and self._claimed >= self.options.max_jobs:
+                return 0
+            self._claimed += 1
+            return 1
+
+    def _run_job(self, ctx: handlers.JobContext | None) -> None:
+        """Run a job; while its slot's next claim succeeds, run that one too on this thread."""
+        while ctx is not None:
+            ctx = self._run_one(ctx)
+
+    def _run_one(self, ctx: handlers.JobContext) -> handlers.JobContext | None:
+        event, started = ctx.event, ctx.started
+        _check_connection()
         outcome = "error"
+        following: handlers.JobContext | None = None
         try:
             if event.private_message and ledger.should_interrupt(ctx.lease, private_message=True):
                 ctx.interrupt.set()
-            outcome = self._execute(ctx)
+            outcome, following = self._execute(ctx)
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
             outcome = "lease_lost"
@@ -239,12 +273,21 @@ class Worker:
             log.error(
                 "job %s: the ledger is unreachable (%s); its lease will expire", event.job_id, exc
             )
+            _check_connection(force=True)
             outcome = "database_error"
         finally:
-            self._release(ctx)
-            close_old_connections()
             with self._lock:
                 self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+                if following is not None and self._active.get(event.job_id) is ctx:
+                    del self._active[event.job_id]  # the slot passes to the next job
+                    self._active[following.event.job_id] = following
+                    ctx = following
+                    following = None
+                    handed_on = True
+                else:
+                    handed_on = False
+            if not handed_on:
+                self._release(ctx)
             log.info(
                 "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
                 event.job_id,
@@ -253,13 +296,39 @@ class Worker:
                 event.partition_key,
                 event.attempt,
                 outcome,
-                (time.monotonic() - ctx.started) * 1000,
+                (time.monotonic() - started) * 1000,
             )
+        return ctx if handed_on else None
 
-    def _execute(self, ctx: handlers.JobContext) -> str:
+    def _finish(
+        self, ctx: handlers.JobContext, *, superseded: bool = False, note: str = ""
+    ) -> tuple[str, handlers.JobContext | None]:
+        """Finish the job and, on the same round trip, claim this slot's next one."""
+        ctx.ensure_alive()
+        reserved = self._reserve()
+        try:
+            status, jobs = ledger.finish_and_claim(
+                ctx.lease,
+                limit=reserved,
+                lease_seconds=self.lease_seconds,
+                superseded=superseded,
+                note=note,
+            )
+        except BaseException:
+            if reserved:
+                with self._lock:
+                    self._claimed -= 1
+            raise
+        if reserved and not jobs:
+            with self._lock:
+                self._claimed -= 1
+        label = status + (" (Superseded)" if superseded else f" ({note})" if note else "")
+        return label, self._context(jobs[0]) if jobs else None
+
+    def _execute(self, ctx: handlers.JobContext) -> tuple[str, handlers.JobContext | None]:
         fn = self.handlers.get(ctx.event.event_type)
         if fn is None:
-            return ledger.finish(ctx.lease, note="NoHandler") + " (NoHandler)"
+            return self._finish(ctx, note="NoHandler")
         token = handlers._current.set(ctx)
         try:
             if handlers.is_async(fn):
@@ -272,7 +341,7 @@ class Worker:
             else:
                 fn(ctx.event)
         except Superseded:
-            return ledger.finish(ctx.lease, superseded=True) + " (Superseded)"
+            return self._finish(ctx, superseded=True)
         except LeaseLost:
             raise
         except Exception as exc:
@@ -284,11 +353,11 @@ class Worker:
                 exc_info=True,
             )
             ctx.ensure_alive()
-            return ledger.fail(ctx.lease, error_type=type(exc).__name__, message=str(exc))
+            failed = ledger.fail(ctx.lease, error_type=type(exc).__name__, message=str(exc))
+            return failed, None
         finally:
             handlers._current.reset(token)
-        ctx.ensure_alive()
-        return ledger.finish(ctx.lease)
+        return self._finish(ctx)
 
     # --- heartbeat: renewals and supersede checks ------------------------------------------
 
@@ -319,7 +388,7 @@ class Worker:
 
     def _renew(self, ctx: handlers.JobContext, now: float) -> None:
         try:
-            close_old_connections()
+            _check_connection()
             ledger.renew(ctx.lease, lease_seconds=self.lease_seconds)
             ctx.renewed_at = now
         except LeaseLost as exc:
@@ -402,7 +471,7 @@ class Worker:
                 )
                 continue
             try:
-                close_old_connections()
+                _check_connection(force=True)
                 state = ledger.hand_back(ctx.lease)
                 ctx.mark_lost("handed back at shutdown")
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)

@@ -555,3 +555,27 @@ def test_stats_counts_states_due_delayed_and_blocked() -> None:
     }
     assert (stats.due, stats.delayed, stats.blocked_partitions) == (2, 1, 2)
     assert stats.oldest_due_age_seconds is not None and stats.oldest_due_age_seconds >= 0
+
+
+def test_finish_and_claim_completes_and_claims_the_next_head() -> None:
+    first = EventJobFactory(partition_key="a")
+    second = EventJobFactory(partition_key="a")  # becomes claimable by this very finish
+    third = EventJobFactory(partition_key="b")
+    lease = claim_one("w").lease
+    status, jobs = ledger.finish_and_claim(lease, limit=2)
+    assert status == "completed" and EventJob.objects.get(pk=first.pk).status == "completed"
+    assert sorted(j.id for j in jobs) == [second.pk, third.pk]
+    assert all(j.lease.worker_id == "w" and j.lease.token for j in jobs)
+    assert_mirror_consistent()
+
+
+def test_finish_and_claim_with_a_lost_lease_claims_nothing() -> None:
+    job = EventJobFactory(partition_key="a")
+    other = EventJobFactory(partition_key="b")
+    lease = ledger.claim("w")[0].lease
+    expire_lease(job.pk)
+    before = snapshot(job.pk)
+    with pytest.raises(LeaseLost):
+        ledger.finish_and_claim(lease, limit=1)
+    assert snapshot(job.pk) == before
+    assert EventJob.objects.get(pk=other.pk).status == "queued"

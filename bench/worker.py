@@ -1,0 +1,311 @@
+"""runworker on PostgreSQL beside Procrastinate and django-tasks-db, measured in one run.
+
+- no-op handler throughput: 1 process x 1 slot, 1 x 4, 2 x 4 (goal: ahead of both peers);
+- enqueue -> handler-start latency with an idle worker woken by NOTIFY (goal: p50 < 10 ms);
+- CPU of an idle worker over --idle-seconds (goal: < 1% of a core);
+- worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up).
+
+The peers run from shared/peers (copied to /tmp, their own virtualenv and database).
+
+    .venv/bin/python bench/worker.py [--jobs 10000] [--idle-seconds 30] [--memory-jobs 100000]
+                                     [--peers DIR | --no-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _setup import ROOT, django_setup, fresh_postgres, percentile, reproduce
+
+
+def worker_env(url: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "FEISHU_INBOX_HANDLERS": "bench.bench_handlers",
+        "LOG_LEVEL": "WARNING",
+        **extra,
+    }
+
+
+def fill(n: int, partitions: int, event_type: str = "bench.noop") -> None:
+    """Enqueue n jobs through the ledger's own enqueue, in one statement (set-up only)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'n' || g || '-' || %s,"
+            " %s, 'n' || g || '-' || %s, 'chat-' || (g %% %s), false, '{}'::jsonb)"
+            " FROM generate_series(1, %s) g) s",
+            [time.time(), event_type, time.time(), partitions, n],
+        )
+        cur.execute("ANALYZE")
+
+
+def throughput(url: str, procs: int, concurrency: int, n: int) -> float:
+    """Jobs/s over the database window from the first claim to the last finish."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE feishu_inbox_attempt, feishu_inbox_eventjob, feishu_inbox_partition")
+    fill(n, 1000)
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "runworker",
+                "--burst",
+                "--concurrency",
+                str(concurrency),
+                "-v",
+                "0",
+            ],
+            cwd=ROOT,
+            env=worker_env(url),
+        )
+        for _ in range(procs)
+    ]
+    for w in workers:
+        assert w.wait(600) == 0
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
+            "FROM feishu_inbox_eventjob WHERE status = 'completed'"
+        )
+        done, seconds = cur.fetchone()
+    assert done == n, (done, n)
+    return done / float(seconds)
+
+
+def start_idle_worker(url: str, **env: str) -> subprocess.Popen[bytes]:
+    log = Path(tempfile.mkdtemp()) / "worker.log"
+    with open(log, "wb") as err:  # a file, not a pipe: nobody has to keep reading it
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", "--concurrency", "1", "-v", "1"],
+            cwd=ROOT,
+            env=worker_env(url, LOG_LEVEL="INFO", **env),
+            stderr=err,
+        )
+    deadline = time.monotonic() + 60
+    while b"started" not in log.read_bytes():  # its start-up line
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"the worker did not start: {log.read_text()}")
+        time.sleep(0.05)
+    return proc
+
+
+def latency(url: str, n: int, gap: float) -> tuple[float, float]:
+    from feishu_inbox import ledger
+
+    out = Path(tempfile.mkdtemp()) / "latency.txt"
+    proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out))
+    try:
+        time.sleep(1.0)  # let the worker settle into its idle sleep (this is what we measure)
+        for i in range(n):
+            t0 = time.time()
+            ledger.enqueue(
+                event_id=f"lat-{i}-{t0}",
+                event_type="bench.latency",
+                partition_key=f"lat-{i}",
+                payload={"t0": t0},
+            )
+            time.sleep(gap)  # pacing the arrivals, as the peers' latency runs do
+        deadline = time.monotonic() + 60
+        while (not out.exists() or len(out.read_text().splitlines()) < n) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)  # waiting for the handlers to record, bounded
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lat = [
+        (float(b) - float(a)) * 1000
+        for a, b in (line.split() for line in out.read_text().splitlines())
+    ]
+    return percentile(lat, 50), percentile(lat, 99)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(url: str, seconds: float) -> float:
+    proc = start_idle_worker(url)
+    try:
+        time.sleep(2.0)  # past start-up
+        before, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(seconds)  # measuring an idle process: it must do nothing meanwhile
+        used = cpu_seconds(proc.pid) - before
+        return 100 * used / (time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory(url: str, jobs: int) -> tuple[int, int, float]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE feishu_inbox_attempt, feishu_inbox_eventjob, feishu_inbox_partition")
+    fill(jobs, 1000)
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", "4", "-v", "0"],
+        cwd=ROOT,
+        env=worker_env(url),
+    )
+    warm = None
+    last = 0
+    warm_at = max(jobs // 10, 1)
+    with connection.cursor() as cur:
+        while proc.poll() is None:
+            cur.execute("SELECT count(*) FROM feishu_inbox_eventjob WHERE status = 'completed'")
+            done = cur.fetchone()[0]
+            try:
+                rss = rss_kib(proc.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            if warm is None and done >= warm_at:
+                warm = rss
+            if done < jobs:
+                last = rss
+            time.sleep(0.5)  # sampling interval
+    assert proc.wait(600) == 0
+    warm = warm or last
+    return warm, last, 100 * (last - warm) / warm
+
+
+def peers(directory: Path, n: int) -> dict[str, dict[str, float]]:
+    """Run the shared peer scripts; returns their figures."""
+    work = Path("/tmp/feishu-inbox-peers")
+    if not (work / ".venv").exists():
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(directory, work, ignore=shutil.ignore_patterns("results", ".venv"))
+        (work / "results").mkdir(exist_ok=True)
+        for script in work.rglob("*.sh"):
+            script.chmod(0o755)
+        subprocess.run(
+            ["bash", str(work / "setup.sh")], check=True, cwd=work, stdout=subprocess.DEVNULL
+        )
+    py = str(work / ".venv" / "bin" / "python")
+
+    def run(*args: str) -> dict[str, float]:
+        out = subprocess.run(
+            [py, *args], check=True, capture_output=True, text=True, cwd=work, timeout=900
+        ).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    p, d = str(work / "procrastinate_bench" / "bench.py"), str(work / "djtasks" / "bench.py")
+    res: dict[str, dict[str, float]] = {"procrastinate": {}, "django-tasks-db": {}}
+    for label, args in (
+        ("c1", ["work", "--concurrency", "1"]),
+        ("c4", ["work", "--concurrency", "4"]),
+        ("2x4", ["work-procs", "--procs", "2", "--concurrency", "4"]),
+    ):
+        run(p, "reset")
+        run(p, "enqueue", "--n", str(n), "--mode", "batch")
+        res["procrastinate"][label] = run(p, *args)["jobs_per_s"]
+    run(p, "reset")
+    lat = run(p, "latency", "--n", "500", "--gap", "0.01")
+    res["procrastinate"]["p50_ms"], res["procrastinate"]["p99_ms"] = lat["p50_ms"], lat["p99_ms"]
+    for label, procs in (("c1", "1"), ("2x1", "2")):
+        run(d, "reset")
+        run(d, "fill", "--n", str(n))
+        res["django-tasks-db"][label] = run(d, "work", "--procs", procs)["jobs_per_s"]
+    run(d, "reset")
+    lat = run(d, "latency", "--n", "200", "--gap", "0.01", "--interval", "0.1")
+    res["django-tasks-db"]["p50_ms"], res["django-tasks-db"]["p99_ms"] = (
+        lat["p50_ms"],
+        lat["p99_ms"],
+    )
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--idle-seconds", type=float, default=30)
+    parser.add_argument("--memory-jobs", type=int, default=100_000)
+    parser.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers")
+    parser.add_argument("--no-peers", action="store_true")
+    args = parser.parse_args()
+
+    url = fresh_postgres("fi_bench_worker")
+    django_setup(url)
+    ours = {
+        "c1": throughput(url, 1, 1, args.jobs),
+        "c4": throughput(url, 1, 4, args.jobs),
+        "2x4": throughput(url, 2, 4, args.jobs),
+    }
+    ours["p50_ms"], ours["p99_ms"] = latency(url, 500, 0.01)
+    idle = idle_cpu(url, args.idle_seconds)
+    warm, end, growth = memory(url, args.memory_jobs) if args.memory_jobs else (0, 0, 0.0)
+
+    their: dict[str, dict[str, float]] = {}
+    if not args.no_peers:
+        try:
+            their = peers(args.peers, args.jobs)
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"peers not measured: {exc}")
+
+    def cell(name: str, key: str) -> str:
+        value = their.get(name, {}).get(key)
+        return "-" if value is None else f"{value:,.0f}" if "ms" not in key else f"{value:.1f}"
+
+    print(
+        f"\nno-op jobs/s on PostgreSQL ({args.jobs:,} jobs)   feishu_inbox   procrastinate   "
+        "django-tasks-db"
+    )
+    print(
+        f"  1 process x 1 slot                   {ours['c1']:12,.0f}   {cell('procrastinate', 'c1'):>13}   {cell('django-tasks-db', 'c1'):>15}"
+    )
+    print(
+        f"  1 process x 4 slots                  {ours['c4']:12,.0f}   {cell('procrastinate', 'c4'):>13}   {'(no option)':>15}"
+    )
+    print(
+        f"  2 processes x 4 slots                {ours['2x4']:12,.0f}   {cell('procrastinate', '2x4'):>13}   {cell('django-tasks-db', '2x1'):>15} (2 x 1)"
+    )
+    print(
+        f"enqueue -> start latency p50 / p99 ms  {ours['p50_ms']:5.1f} / {ours['p99_ms']:5.1f}   "
+        f"{cell('procrastinate', 'p50_ms'):>5} / {cell('procrastinate', 'p99_ms'):>5}   "
+        f"{cell('django-tasks-db', 'p50_ms'):>5} / {cell('django-tasks-db', 'p99_ms'):>5} (interval 0.1 s)"
+    )
+    print(f"idle worker CPU over {args.idle_seconds:.0f} s: {idle:.2f}% of a core (goal < 1%)")
+    if args.memory_jobs:
+        print(
+            f"worker RSS over {args.memory_jobs:,} jobs: {warm / 1024:.1f} MiB after warm-up, "
+            f"{end / 1024:.1f} MiB at the end: growth {growth:+.1f}% (goal < 10%)"
+        )
+    print(
+        json.dumps(
+            {
+                "feishu_inbox": ours,
+                "peers": their,
+                "idle_cpu_percent": idle,
+                "rss_warm_kib": warm,
+                "rss_end_kib": end,
+                "rss_growth_percent": growth,
+            }
+        )
+    )
+    print(f"reproduce: {reproduce()}")
+
+
+if __name__ == "__main__":
+    main()
