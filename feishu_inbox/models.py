@@ -136,6 +136,8 @@ class EventJob(models.Model):
             ),
             models.Index(fields=["status", "id"], name="feishu_inbox_job_status"),
             models.Index(fields=["event_id"], name="feishu_inbox_job_event_id"),
+            # Admin date hierarchy (bucket probes) and "newest first" by arrival.
+            models.Index(fields=["received_at"], name="feishu_inbox_job_received"),
         ]
         permissions = [
             ("requeue_eventjob", "Can requeue failed event jobs"),

@@ -40,11 +40,12 @@ class Command(BaseCommand):
         discard = sub.add_parser("discard", help="failed → completed, unblocking its chat.")
         discard.add_argument("ids", type=int, nargs="+", metavar="ID")
         sub.add_parser("purge", help="Delete completed jobs past retention.")
+        sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         try:
-            getattr(self, f"do_{action}")(options)
+            getattr(self, f"do_{action.replace('-', '_')}")(options)
         except InboxError as exc:
             raise CommandError(str(exc)) from exc
 
@@ -125,6 +126,14 @@ class Command(BaseCommand):
 
     def do_discard(self, options: dict[str, Any]) -> None:
         self._report(ledger.discard(options["ids"]), "discarded")
+
+    def do_demo_data(self, options: dict[str, Any]) -> None:
+        from feishu_inbox.demo_data import fill
+
+        counts = fill()
+        self.stdout.write(
+            "added example events: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+        )
 
     def do_purge(self, options: dict[str, Any]) -> None:
         result = ledger.purge()

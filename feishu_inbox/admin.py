@@ -1,0 +1,495 @@
+"""The operator's ledger in Django admin: read-only rows, guarded actions, a live dashboard.
+
+Rows are never edited or deleted here; operators act only through actions, each backed by a
+custom permission, each calling ``ledger`` and reporting every refused job with its reason.
+Reconcile and discard assert something about the outside world, so they go through a
+confirmation page (Django's two-step ``delete_selected`` pattern).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
+from django.utils.translation import ngettext
+
+from . import handlers, ledger
+from .conf import inbox_settings
+from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
+
+STATUS_COLOURS: dict[str, str] = {
+    Status.QUEUED: "#2563eb",
+    Status.RUNNING: "#7c3aed",
+    Status.RETRY_WAIT: "#d97706",
+    Status.COMPLETED: "#16a34a",
+    Status.FAILED: "#dc2626",
+    Status.UNKNOWN: "#be185d",
+}
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most COUNT_CAP rows: never a COUNT(*) over a million-row ledger per page."""
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        return len(qs.values_list("pk", flat=True)[: COUNT_CAP + 1])  # type: ignore[attr-defined]
+
+
+class BlocksPartitionFilter(admin.SimpleListFilter):
+    title = "blocks its partition"
+    parameter_name = "blocking"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes: failed or unknown"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        if self.value() == "yes":
+            return queryset.filter(status__in=BLOCKING)
+        if self.value() == "no":
+            return queryset.exclude(status__in=BLOCKING)
+        return queryset
+
+
+class EventTypeFilter(admin.SimpleListFilter):
+    """Types with a handler, plus those among unresolved jobs (no DISTINCT over the ledger)."""
+
+    title = "event type"
+    parameter_name = "event_type"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        types = set(handlers.registered())
+        types.update(
+            EventJob.objects.unresolved().values_list("event_type", flat=True).distinct()[:100]
+        )
+        return [(t, t) for t in sorted(types)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        return queryset.filter(event_type=self.value()) if self.value() else queryset
+
+
+class AppFilter(admin.SimpleListFilter):
+    title = "Feishu app"
+    parameter_name = "app"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(inbox_settings().APPS)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        return queryset.filter(app=self.value()) if self.value() else queryset
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    readonly_fields = [
+        "number",
+        "worker_id",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "error_type",
+        "error_message",
+    ]
+    fields = tuple(readonly_fields)
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# Each action: (label, ledger call, permission, needs confirmation, eligible status)
+ActionSpec = tuple[str, Callable[[list[int]], ledger.Outcome], str, bool, str]
+ACTIONS: dict[str, ActionSpec] = {
+    "requeue_failed": (
+        "Requeue failed jobs (run again from attempt 0)",
+        ledger.requeue,
+        "requeue",
+        False,
+        Status.FAILED,
+    ),
+    "reconcile_not_applied": (
+        "Reconcile unknown: the effect did NOT happen, run again",
+        lambda ids: ledger.reconcile(ids, applied=False),
+        "reconcile",
+        True,
+        Status.UNKNOWN,
+    ),
+    "reconcile_applied": (
+        "Reconcile unknown: the effect happened, mark done",
+        lambda ids: ledger.reconcile(ids, applied=True),
+        "reconcile",
+        True,
+        Status.UNKNOWN,
+    ),
+    "discard_failed": (
+        "Discard failed jobs (mark done, unblock the chat)",
+        ledger.discard,
+        "discard",
+        True,
+        Status.FAILED,
+    ),
+}
+
+
+def _make_action(name: str) -> Callable[..., HttpResponse | None]:
+    label, _, permission, _, _ = ACTIONS[name]
+
+    def action(
+        model_admin: EventJobAdmin, request: HttpRequest, queryset: QuerySet[EventJob]
+    ) -> HttpResponse | None:
+        return model_admin.run_action(request, queryset, name)
+
+    action.__name__ = name
+    return admin.action(description=label, permissions=[permission])(action)
+
+
+@admin.register(EventJob)
+class EventJobAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "coloured_status",
+        "event_type",
+        "app",
+        "partition_key",
+        "attempt",
+        "age",
+        "error_type",
+        "lease_owner",
+        "lease_until",
+    ]
+    list_filter = ["status", EventTypeFilter, AppFilter, BlocksPartitionFilter]
+    search_fields = ["=event_id", "=dedupe_key", "^partition_key"]
+    date_hierarchy = "received_at"
+    ordering = ["-id"]
+    list_per_page = 50
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice over the whole ledger
+    paginator = CappedCountPaginator
+    actions = [_make_action(name) for name in ACTIONS]
+    inlines = [AttemptInline]
+    fieldsets = [
+        (
+            "Event",
+            {
+                "fields": [
+                    "id",
+                    "event_id",
+                    "event_type",
+                    "app",
+                    "dedupe_key",
+                    "partition_key",
+                    "private_message",
+                    "received_at",
+                ]
+            },
+        ),
+        (
+            "State",
+            {
+                "fields": [
+                    "coloured_status",
+                    "attempt",
+                    "available_at",
+                    "finished_at",
+                    "error_type",
+                    "error_message",
+                    "resolution",
+                ]
+            },
+        ),
+        (
+            "Effects and lease",
+            {"fields": ["effect_state", "worker_id", "lease_until", "claimed_at"]},
+        ),
+        ("Partition", {"fields": ["partition_neighbours"]}),
+        ("Payload", {"fields": ["pretty_payload"]}),
+    ]
+    readonly_fields = [
+        "id",
+        "event_id",
+        "event_type",
+        "app",
+        "dedupe_key",
+        "partition_key",
+        "private_message",
+        "received_at",
+        "coloured_status",
+        "attempt",
+        "available_at",
+        "finished_at",
+        "error_type",
+        "error_message",
+        "resolution",
+        "effect_state",
+        "worker_id",
+        "lease_until",
+        "claimed_at",
+        "partition_neighbours",
+        "pretty_payload",
+    ]
+
+    # --- read-only ------------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.requeue_eventjob")
+
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.reconcile_eventjob")
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.discard_eventjob")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EventJob]:
+        return super().get_queryset(request).defer("payload")
+
+    # --- columns ----------------------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def coloured_status(self, obj: EventJob) -> str:
+        colour = STATUS_COLOURS.get(obj.status, "#555")
+        return format_html(
+            '<span class="fi-status" data-status="{}" style="background:{};color:#fff;'
+            'padding:1px 6px;border-radius:8px;white-space:nowrap">{}</span>',
+            obj.status,
+            colour,
+            obj.get_status_display(),
+        )
+
+    @admin.display(description="age", ordering="received_at")
+    def age(self, obj: EventJob) -> str:
+        return timesince(obj.received_at)
+
+    @admin.display(description="lease owner")
+    def lease_owner(self, obj: EventJob) -> str:
+        return obj.worker_id if obj.status == Status.RUNNING else ""
+
+    @admin.display(description="effects")
+    def effect_state(self, obj: EventJob) -> str:
+        if obj.effect_uncertain:
+            return "an effect raised: outcome uncertain"
+        if obj.effects_in_flight:
+            return f"{obj.effects_in_flight} effect(s) in flight (worker stopped inside it?)"
+        if obj.side_effect_started:
+            return "an effect started and finished"
+        return "no effect started"
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: EventJob) -> str:
+        return format_html(
+            '<pre style="white-space:pre-wrap;max-width:70em">{}</pre>',
+            json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True),
+        )
+
+    @admin.display(description="jobs ahead and behind in this partition")
+    def partition_neighbours(self, obj: EventJob) -> str:
+        around = EventJob.objects.in_partition(obj.partition_key).only("id", "status", "event_type")
+        ahead = list(around.filter(pk__lt=obj.pk).order_by("-pk")[:5])[::-1]
+        behind = list(around.filter(pk__gt=obj.pk).order_by("pk")[:5])
+        part = Partition.objects.filter(key=obj.partition_key).first()
+
+        def row(job: EventJob, marker: str = "") -> tuple[str, int, str, str, str]:
+            url = reverse("admin:feishu_inbox_eventjob_change", args=[job.pk])
+            return url, job.pk, job.status, job.event_type, marker
+
+        rows = [row(j) for j in ahead] + [row(obj, "← this job")] + [row(j) for j in behind]
+        head = f"head #{part.head_id} ({part.head_state})" if part and part.head_id else "idle"
+        return format_html(
+            "<p>Partition <code>{}</code>: {}</p><ul>{}</ul>",
+            obj.partition_key,
+            head,
+            format_html_join("", '<li><a href="{}">#{}</a> {} {} <b>{}</b></li>', rows),
+        )
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        # A forged POST of an action this user may not run is refused outright.
+        name = request.POST.get("action") if request.method == "POST" else None
+        if name in ACTIONS and name not in self.get_actions(request):
+            raise PermissionDenied(f"You may not run {name}.")
+        extra_context = {
+            **(extra_context or {}),
+            "dashboard_url": reverse("admin:feishu_inbox_dashboard"),
+        }
+        return super().changelist_view(request, extra_context)
+
+    def run_action(
+        self, request: HttpRequest, queryset: QuerySet[EventJob], name: str
+    ) -> HttpResponse | None:
+        label, call, _, confirm, eligible = ACTIONS[name]
+        jobs = list(queryset.order_by("pk"))
+        if confirm and request.POST.get("confirmed") != "yes":
+            return TemplateResponse(
+                request,
+                "feishu_inbox/confirm_action.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Are you sure?",
+                    "action": name,
+                    "action_label": label,
+                    "jobs": jobs,
+                    "eligible": eligible,
+                    "ineligible": [j for j in jobs if j.status != eligible],
+                    "opts": self.model._meta,
+                    "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                    "effect_state": self.effect_state,
+                },
+            )
+        outcome = call([j.pk for j in jobs])
+        done = {j.pk: j for j in jobs if j.pk in outcome.done}
+        for job in done.values():
+            self.log_change(request, job, f"{label} (job #{job.pk}, was {job.status})")
+        if outcome.done:
+            self.message_user(
+                request,
+                ngettext("%(n)d job: %(label)s.", "%(n)d jobs: %(label)s.", len(outcome.done))
+                % {"n": len(outcome.done), "label": label},
+                messages.SUCCESS,
+            )
+        if outcome.refused:
+            reasons = "; ".join(f"#{pk}: {err.message}" for pk, err in outcome.refused.items())
+            self.message_user(
+                request,
+                ngettext(
+                    "%(n)d job refused, nothing changed for it: %(reasons)s",
+                    "%(n)d jobs refused, nothing changed for them: %(reasons)s",
+                    len(outcome.refused),
+                )
+                % {"n": len(outcome.refused), "reasons": reasons},
+                messages.ERROR if not outcome.done else messages.WARNING,
+            )
+        return None
+
+    # --- dashboard ----------------------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="feishu_inbox_dashboard"),
+            path("dashboard/data/", view(self.dashboard_data), name="feishu_inbox_dashboard_data"),
+            *super().get_urls(),
+        ]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "feishu_inbox/dashboard.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Feishu inbox dashboard",
+                "opts": self.model._meta,
+                "data": dashboard_data(),
+                "data_url": reverse("admin:feishu_inbox_dashboard_data"),
+                "changelist_url": reverse("admin:feishu_inbox_eventjob_changelist"),
+                "colours": {str(k): v for k, v in STATUS_COLOURS.items()},
+            },
+        )
+
+    def dashboard_data(self, request: HttpRequest) -> JsonResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return JsonResponse(dashboard_data())
+
+
+def dashboard_data() -> dict[str, Any]:
+    """Everything the dashboard shows, from indexed queries only."""
+    stats = ledger.stats()
+    now = timezone.now()
+    running = [
+        {
+            "id": j.pk,
+            "event_type": j.event_type,
+            "partition": j.partition_key,
+            "worker": j.worker_id,
+            "lease_until": j.lease_until.isoformat() if j.lease_until else None,
+            "url": reverse("admin:feishu_inbox_eventjob_change", args=[j.pk]),
+        }
+        for j in EventJob.objects.running()
+        .only("id", "event_type", "partition_key", "worker_id", "lease_until")
+        .order_by("lease_until")[:20]
+    ]
+    blocked_parts = list(
+        Partition.objects.filter(
+            head_state__in=[PartitionState.FAILED, PartitionState.UNKNOWN]
+        ).order_by("head_id")[:20]
+    )
+    heads = EventJob.objects.only("id", "event_type", "error_type", "status").in_bulk(
+        [p.head_id for p in blocked_parts]
+    )
+    waiting = dict(
+        EventJob.objects.filter(partition_key__in=[p.key for p in blocked_parts])
+        .unresolved()
+        .values_list("partition_key")
+        .annotate(n=Count("id"))
+    )
+    blocked = []
+    changelist = reverse("admin:feishu_inbox_eventjob_changelist")
+    for p in blocked_parts:
+        head = heads.get(p.head_id)
+        blocked.append(
+            {
+                "partition": p.key,
+                "head_id": p.head_id,
+                "state": p.head_state,
+                "event_type": head.event_type if head else "",
+                "error_type": head.error_type if head else "",
+                "waiting": max(waiting.get(p.key, 1) - 1, 0),
+                "url": reverse("admin:feishu_inbox_eventjob_change", args=[p.head_id]),
+                "act_url": f"{changelist}?{urlencode({'status__exact': p.head_state, 'q': p.key})}",
+            }
+        )
+    since = now - timedelta(minutes=10)
+    per_minute = {i: 0 for i in range(10)}
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT ended_at FROM {Attempt._meta.db_table} WHERE ended_at >= %s AND outcome = %s",
+            [since, Status.COMPLETED],
+        )
+        for (ended,) in cur.fetchall():
+            ended = ledger._aware(ended)
+            minute = int((now - ended).total_seconds() // 60)
+            if 0 <= minute < 10:
+                per_minute[minute] += 1
+    return {
+        **stats.as_dict(),
+        "running": running,
+        "blocked": blocked,
+        "throughput_per_minute": [per_minute[i] for i in range(9, -1, -1)],
+        "generated_at": now.isoformat(),
+    }
+
+
+__all__ = ["EventJobAdmin", "dashboard_data"]
