@@ -55,6 +55,14 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         finally:
             context.close()
             browser.close()
+    if connection.vendor == "postgresql":
+        # The live server's request threads are daemons that Django does not join: one may
+        # still hold its connection when the session drops the test database.
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
 
 
 def test_operator_reconciles_unknown_jobs_in_the_browser(
