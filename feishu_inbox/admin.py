@@ -226,28 +226,9 @@ class EventJobAdmin(admin.ModelAdmin):
         ("Partition", {"fields": ["partition_neighbours"]}),
         ("Payload", {"fields": ["pretty_payload"]}),
     ]
+    # Every field shown is read-only: operators act only through actions.
     readonly_fields = [
-        "id",
-        "event_id",
-        "event_type",
-        "app",
-        "dedupe_key",
-        "partition_key",
-        "private_message",
-        "received_at",
-        "coloured_status",
-        "attempt",
-        "available_at",
-        "finished_at",
-        "error_type",
-        "error_message",
-        "resolution",
-        "effect_state",
-        "worker_id",
-        "lease_until",
-        "claimed_at",
-        "partition_neighbours",
-        "pretty_payload",
+        name for _, section in fieldsets for name in section["fields"] if isinstance(name, str)
     ]
 
     # --- read-only ------------------------------------------------------------------------

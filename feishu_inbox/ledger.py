@@ -792,7 +792,6 @@ def _operator_action(
     doing: str,
     from_status: str,
     set_sql: str,
-    params: list[Any],
     resolution: str,
     hint: str,
 ) -> Outcome:
@@ -809,7 +808,7 @@ def _operator_action(
                 changed = _fetchall(
                     f"UPDATE {J} SET {set_sql}, resolution = %s "
                     "WHERE id = %s AND status = %s RETURNING partition_key",
-                    [*params, resolution, job_id, from_status],
+                    [resolution, job_id, from_status],
                 )
                 if not changed:
                     status = _fetchall(f"SELECT status FROM {J} WHERE id = %s", [job_id])[0][0]
@@ -833,7 +832,6 @@ def requeue(job_ids: Iterable[int]) -> Outcome:
         doing="requeue",
         from_status=_FAILED,
         set_sql=f"status = '{_QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL",
-        params=[],
         resolution=Resolution.REQUEUED,
         hint="Only failed jobs can be requeued; unknown jobs need reconcile.",
     )
@@ -856,7 +854,6 @@ def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
         doing="reconcile",
         from_status=_UNKNOWN,
         set_sql=set_sql,
-        params=[],
         resolution=resolution,
         hint="Only unknown jobs are reconciled; failed jobs are requeued or discarded.",
     )
@@ -870,7 +867,6 @@ def discard(job_ids: Iterable[int]) -> Outcome:
         doing="discard",
         from_status=_FAILED,
         set_sql=f"status = '{_COMPLETED}', finished_at = {d.now}",
-        params=[],
         resolution=Resolution.DISCARDED,
         hint="Only failed jobs can be discarded; unknown jobs need reconcile.",
     )
@@ -904,7 +900,6 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
                 doing="expire",
                 from_status=_UNKNOWN,
                 set_sql=f"status = '{_COMPLETED}', error_type = 'UnknownExpired'",
-                params=[],
                 resolution=Resolution.NONE,
                 hint="",
             ).done

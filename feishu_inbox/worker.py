@@ -456,6 +456,12 @@ class Worker:
         self._wake.set()
 
     def _drain(self) -> None:
+        # A natural end (--burst, --max-jobs) waits for running handlers however long they
+        # take; only a stop request (a signal) limits them to the grace period.
+        if not self._stop.is_set():
+            while self._occupied() and not self._stop.is_set():
+                self._wake.wait(1.0)
+                self._wake.clear()
         deadline = time.monotonic() + self.options.grace_seconds
         while self._occupied() and time.monotonic() < deadline:
             self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -221,9 +221,12 @@ def test_two_workers_keep_each_chats_receipt_order(workers: Workers) -> None:
     order: dict[str, list[str]] = defaultdict(list)
     for i in range(1000):
         chat = f"chat-{i % chats}"
-        enqueue(f"o{i}", [], partition=chat)
+        enqueue(f"o{i}", ["gate:go"], partition=chat)
         order[chat].append(f"o{i}")
     procs = [workers.start("--concurrency", "4", "--burst") for _ in range(2)]
+    # Both processes fill their 4 slots before anything runs, so both take part.
+    wait_for(lambda: len(workers.lines("start")) == 8, 60, "both workers to fill their slots")
+    workers.open_gate("go")
     for proc in procs:
         assert proc.wait(180) == 0
     assert EventJob.objects.completed().count() == 1000
@@ -295,3 +298,10 @@ def test_invalid_handlers_are_one_clear_error_at_start(workers: Workers) -> None
     assert done.returncode != 0
     assert "2 handlers for 'test.twice'" in done.stderr
     assert "'test.not_callable' is not callable" in done.stderr
+
+
+def test_max_jobs_stops_after_that_many(workers: Workers) -> None:
+    ids = [enqueue(f"m{i}", [], partition=f"chat-{i}") for i in range(5)]
+    assert workers.start("--max-jobs", "2", "--concurrency", "2").wait(60) == 0
+    statuses = sorted(job(i).status for i in ids)
+    assert statuses == ["completed", "completed", "queued", "queued", "queued"]
