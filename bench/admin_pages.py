@@ -27,9 +27,9 @@ def fill(rows: int) -> None:
                 partition_key, private_message, payload, status, attempt, received_at,
                 available_at, finished_at, worker_id, lease_token, effects_in_flight,
                 side_effect_started, effect_uncertain, error_type, error_message, resolution)
-            SELECT 'default', 'ev' || g, CASE WHEN g % 7 = 0 THEN 'card.action.trigger'
+            SELECT 'default', 'ev' || g, CASE WHEN g %% 7 = 0 THEN 'card.action.trigger'
                    ELSE 'im.message.receive_v1' END, 'message:om' || g,
-                'default:chat:oc_' || (g % 5000), g % 11 = 0,
+                'default:chat:oc_' || (g %% 5000), g %% 11 = 0,
                 jsonb_build_object('schema', '2.0', 'event', jsonb_build_object('text', 'hello ' || g)),
                 'completed', 1, now() - ((%s - g) * interval '500 ms'),
                 now() - ((%s - g) * interval '500 ms'), now() - ((%s - g) * interval '400 ms'),

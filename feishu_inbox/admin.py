@@ -19,7 +19,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -77,7 +77,10 @@ class EventTypeFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         types = set(handlers.registered())
         types.update(
-            EventJob.objects.unresolved().values_list("event_type", flat=True).distinct()[:100]
+            EventJob.objects.unresolved()
+            .order_by()  # the model's ordering would join the DISTINCT
+            .values_list("event_type", flat=True)
+            .distinct()[:100]
         )
         return [(t, t) for t in sorted(types)]
 
@@ -180,7 +183,12 @@ class EventJobAdmin(admin.ModelAdmin):
         "lease_until",
     ]
     list_filter = ["status", EventTypeFilter, AppFilter, BlocksPartitionFilter]
-    search_fields = ["=event_id", "=dedupe_key", "^partition_key"]
+    # Exact ids, or a partition key prefix (case-sensitive: served by an index at any size).
+    search_fields = ["=event_id", "=dedupe_key"]
+    search_help_text = (
+        "A job id, an event id, a dedupe key (message:om_…), or the start of a partition key "
+        "(default:chat:oc_…)."
+    )
     date_hierarchy = "received_at"
     ordering = ["-id"]
     list_per_page = 50
@@ -253,6 +261,17 @@ class EventJobAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EventJob]:
         return super().get_queryset(request).defer("payload")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[EventJob], search_term: str
+    ) -> tuple[QuerySet[EventJob], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        matches = Q(event_id=term) | Q(dedupe_key=term) | Q(partition_key__startswith=term)
+        if term.isdigit():
+            matches |= Q(pk=int(term))
+        return queryset.filter(matches), False
 
     # --- columns ----------------------------------------------------------------------------
 

@@ -968,16 +968,23 @@ class Stats:
     oldest_due_age_seconds: float | None
     blocked_partitions: int
     running_partitions: int
+    #: True when ``counts["completed"]`` is the planner's estimate (a very large ledger).
+    completed_estimated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "counts": self.counts,
+            "completed_estimated": self.completed_estimated,
             "due": self.due,
             "delayed": self.delayed,
             "oldest_due_age_seconds": self.oldest_due_age_seconds,
             "blocked_partitions": self.blocked_partitions,
             "running_partitions": self.running_partitions,
         }
+
+
+#: Above this many rows (PostgreSQL's estimate) the completed count is estimated, not counted.
+EXACT_COUNT_LIMIT = 200_000
 
 
 def stats() -> Stats:
@@ -989,8 +996,28 @@ def stats() -> Stats:
     """
     d = _dialect()
     counts = {s.value: 0 for s in Status}
-    for status, n in _fetchall(f"SELECT status, COUNT(*) FROM {J} GROUP BY status"):
+    # Unresolved states are few and counted exactly through the status index; completed jobs
+    # are counted exactly only while the ledger is small, else estimated (no full scan on
+    # every dashboard refresh).
+    unresolved = [s.value for s in Status if s != Status.COMPLETED]
+    for status, n in _fetchall(
+        f"SELECT status, COUNT(*) FROM {J} WHERE status IN {_in(unresolved)} GROUP BY status",
+        unresolved,
+    ):
         counts[status] = n
+    estimated = False
+    rows_estimate = -1
+    if d.pg:
+        rows_estimate = int(
+            _fetchall("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [J])[0][0]
+        )
+    if rows_estimate > EXACT_COUNT_LIMIT:
+        counts[_COMPLETED] = max(0, rows_estimate - sum(counts.values()))
+        estimated = True
+    else:
+        counts[_COMPLETED] = _fetchall(f"SELECT COUNT(*) FROM {J} WHERE status = %s", [_COMPLETED])[
+            0
+        ][0]
     due, delayed = _fetchall(
         f"""
         SELECT COALESCE(SUM(CASE WHEN available_at <= {d.now} THEN 1 ELSE 0 END), 0),
@@ -1021,6 +1048,7 @@ def stats() -> Stats:
         ),
         blocked_partitions=sum(per_state.get(s, 0) for s in blocked_states),
         running_partitions=per_state.get(_RUNNING, 0),
+        completed_estimated=estimated,
     )
 
 

@@ -136,6 +136,12 @@ class EventJob(models.Model):
             ),
             models.Index(fields=["status", "id"], name="feishu_inbox_job_status"),
             models.Index(fields=["event_id"], name="feishu_inbox_job_event_id"),
+            # Admin search by partition key prefix (PostgreSQL; LIKE 'x%' needs pattern ops).
+            models.Index(
+                fields=["partition_key"],
+                name="feishu_inbox_job_part_prefix",
+                opclasses=["varchar_pattern_ops"],
+            ),
             # Admin date hierarchy (bucket probes) and "newest first" by arrival.
             models.Index(fields=["received_at"], name="feishu_inbox_job_received"),
         ]
