@@ -42,7 +42,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return messages
 
 
-@register(Tags.database)
+@register(Tags.compatibility)  # reads settings only: runs without --database
 def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """A web process and a worker share a SQLite file safely only with these options."""
     db = connections["default"].settings_dict

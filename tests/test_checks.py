@@ -11,6 +11,9 @@ from django.test import override_settings
 from feishu_inbox.conf import checked_settings, inbox_settings
 from feishu_inbox.errors import ConfigurationError
 
+# Django 6.1's JSONField check asks SQLite whether it supports JSON: checks touch the database.
+pytestmark = pytest.mark.django_db
+
 APPS = {"default": {"VERIFICATION_TOKEN": "t"}}
 
 

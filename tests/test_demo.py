@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 from .feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
@@ -44,7 +45,7 @@ def test_rundemo_receives_a_message_and_the_bot_replies(tmp_path: Path) -> None:
             assert response.status == 200
 
         def replies() -> list[str]:
-            with sqlite3.connect(tmp_path / "demo.sqlite3") as db:
+            with closing(sqlite3.connect(tmp_path / "demo.sqlite3")) as db:
                 return [r[0] for r in db.execute("SELECT text FROM demo_reply")]
 
         wait_for(lambda: replies() == ["You said: ping"], 60, "the bot's reply")

@@ -457,6 +457,7 @@ def test_twenty_concurrent_deliveries_of_one_event_are_one_job() -> None:
     assert EventJob.objects.count() == 1
 
 
+@pytest.mark.django_db  # Django 6.1's JSONField check queries the database
 def test_system_check_warns_when_an_app_has_no_secrets() -> None:
     with override_settings(FEISHU_INBOX={"APPS": {"default": {}}}):
         assert "feishu_inbox.W003" in [m.id for m in run_checks()]
