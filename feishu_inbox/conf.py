@@ -126,10 +126,21 @@ def inbox_settings() -> InboxSettings:
     return InboxSettings(**{k: _coerce(k, v) for k, v in raw.items() if k in _FIELDS})
 
 
+_checked: list[Any] = [None, None]  # [the FEISHU_INBOX object, its validated settings]
+
+
 def checked_settings() -> InboxSettings:
-    """The current settings, or ConfigurationError listing every problem."""
+    """The current settings, or ConfigurationError listing every problem.
+
+    Validated once per settings object: ``override_settings`` (and a new dict) are seen at
+    once; mutating the dict in place after first use is not supported.
+    """
+    raw = getattr(settings, "FEISHU_INBOX", None)
+    if _checked[0] is raw and raw is not None:
+        return _checked[1]
     conf = inbox_settings()
     problems = conf.validate()
     if problems:
         raise ConfigurationError(" ".join(problems))
+    _checked[0], _checked[1] = raw, conf
     return conf

@@ -86,6 +86,8 @@ class Envelope:
     event_type: str
     token: str | None
     body: dict[str, Any]
+    #: The envelope's JSON text as decoded from the delivery (stored as the payload).
+    raw: str | None = None
 
     @property
     def event(self) -> dict[str, Any]:
@@ -107,7 +109,7 @@ def is_url_verification(body: dict[str, Any]) -> bool:
     return body.get("type") == "url_verification"
 
 
-def parse_envelope(body: dict[str, Any]) -> Envelope:
+def parse_envelope(body: dict[str, Any], raw: str | None = None) -> Envelope:
     schema = body.get("schema")
     if schema is not None:
         if schema != "2.0":
@@ -136,6 +138,7 @@ def parse_envelope(body: dict[str, Any]) -> Envelope:
         event_type=event_type,  # type: ignore[arg-type]
         token=token if isinstance(token, str) else None,
         body=body,
+        raw=raw,
     )
 
 

@@ -273,8 +273,13 @@ def enqueue(
     dedupe_key: str | None = None,
     private_message: bool = False,
     app: str = "default",
+    payload_json: str | None = None,
 ) -> EnqueueResult:
-    """Store an event once. A second enqueue of the same (app, dedupe key) changes nothing."""
+    """Store an event once. A second enqueue of the same (app, dedupe key) changes nothing.
+
+    ``payload_json``, when given, is ``payload`` already serialised (the webhook has the
+    decrypted text): it is stored as is instead of serialising ``payload`` again.
+    """
     dedupe_key = dedupe_key or event_id
     for name, value, limit in (
         ("event_id", event_id, 128),
@@ -295,9 +300,10 @@ def enqueue(
             fix="Pass the decoded event envelope; nothing was stored.",
         )
     d = _dialect()
-    payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
-        payload, connection, prepared=False
-    )
+    if payload_json is None:
+        payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
+            payload, connection, prepared=False
+        )
     if d.pg:  # one round trip: the same steps, server-side (migration 0002)
         job_id, created = _fetchall(
             "SELECT * FROM feishu_inbox_enqueue(%s, %s, %s, %s, %s, %s, %s)",

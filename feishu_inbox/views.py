@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, DataError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -68,6 +68,11 @@ class EventWebhook(View):
                 extra={"remote_addr": request.META.get("REMOTE_ADDR")},
             )
             return _error(exc.code, exc.message, exc.status)
+        except DataError as exc:
+            # The database refuses this payload (e.g. a \u0000 escape in jsonb): redelivery
+            # would fail forever, so it is bad input, not an outage.
+            log.warning("refused delivery (app %s, unstorable_payload): %s", app, exc)
+            return _error("unstorable_payload", "The event cannot be stored as JSON.", 400)
         except DatabaseError as exc:
             log.error("database unavailable, asking Feishu to redeliver: %s", type(exc).__name__)
             response = _error(
@@ -113,13 +118,14 @@ class EventWebhook(View):
                 )
             if not isinstance(outer["encrypt"], str):
                 raise ProtocolError("undecryptable", "The encrypt field is not a string.")
-            inner = feishu.parse_json_object(feishu.decrypt(encrypt_key, outer["encrypt"]))
+            inner_raw = feishu.decrypt(encrypt_key, outer["encrypt"])
+            inner = feishu.parse_json_object(inner_raw)
         elif encrypt_key:
             raise ProtocolError(
                 "not_encrypted", f"App {app!r} has an Encrypt Key: the body must be encrypted."
             )
         else:
-            inner = outer
+            inner_raw, inner = body, outer
 
         if feishu.is_url_verification(inner):  # carries no signature headers
             if token and not feishu.token_matches(token, inner.get("token")):
@@ -134,7 +140,11 @@ class EventWebhook(View):
             raise ProtocolError(
                 "missing_signature", "The X-Lark-Signature headers are missing.", status=401
             )
-        envelope = feishu.parse_envelope(inner)
+        try:
+            raw_text: str | None = inner_raw.decode("utf-8")
+        except UnicodeDecodeError:  # JSON in another encoding: stored re-serialised
+            raw_text = None
+        envelope = feishu.parse_envelope(inner, raw=raw_text)
         if token and not feishu.token_matches(token, envelope.token):
             raise ProtocolError("bad_token", "Wrong verification token.", status=401)
 
@@ -150,6 +160,7 @@ class EventWebhook(View):
             partition_key=f"{app}:{keys.partition_key}"[:255],
             private_message=keys.private_message,
             payload=envelope.body,
+            payload_json=envelope.raw,
         )
         log.info(
             "%s event %s (%s, app %s) as job %s",

@@ -464,3 +464,17 @@ def test_system_check_warns_when_an_app_has_no_secrets() -> None:
     with override_settings(FEISHU_INBOX={"APPS": {}}):
         assert "feishu_inbox.W003" in [m.id for m in run_checks()]
     assert "feishu_inbox.W003" not in [m.id for m in run_checks()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_payload_the_database_cannot_store_is_400_not_503() -> None:
+    envelope = message_event()
+    envelope["event"]["note"] = "nul \u0000 byte"  # a NUL: PostgreSQL's jsonb refuses it
+    raw = json.dumps(envelope).encode()
+    if connection.vendor != "postgresql":
+        assert send(envelope).status_code == 200  # SQLite stores any JSON text
+        return
+    assert b"\\u0000" in raw
+    response = send(envelope)
+    assert (response.status_code, response.json()["error"]) == (400, "unstorable_payload")
+    assert nothing_stored()
