@@ -29,7 +29,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import ngettext
 
-from . import handlers, ledger
+from . import handlers, ledger, sql
 from .conf import inbox_settings
 from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
 
@@ -479,7 +479,7 @@ def dashboard_data() -> dict[str, Any]:
             [since, Status.COMPLETED],
         )
         for (ended,) in cur.fetchall():
-            ended = ledger._aware(ended)
+            ended = sql.aware(ended)
             minute = int((now - ended).total_seconds() // 60)
             if 0 <= minute < 10:
                 per_minute[minute] += 1

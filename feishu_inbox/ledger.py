@@ -22,49 +22,54 @@ import os
 import random
 import secrets
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from .conf import InboxSettings, checked_settings
 from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError
-from .models import (
-    BLOCKING,
-    CLAIMABLE,
-    Attempt,
-    EventJob,
-    Partition,
-    PartitionState,
-    Resolution,
-    Status,
+from .models import CLAIMABLE, EventJob, Resolution
+from .sql import (
+    CLAIMABLE_SQL,
+    COMPLETED,
+    FAILED,
+    IDLE,
+    QUEUED,
+    RETRY,
+    RUNNING,
+    UNKNOWN,
+    UNRESOLVED,
+    A,
+    Dialect,
+    J,
+    P,
+    aware,
+    dialect,
+    execute,
+    fetchall,
+    in_list,
+    lock_partitions,
+    notify,
+    record_attempts,
+    resync_heads,
+    serialized,
+    truncate,
+    write_txn,
+)
+from .stats import (
+    Stats,
+    database_now,
+    next_wakeup,
+    seconds_until_wakeup,
+    stats,
 )
 
 log = logging.getLogger("feishu_inbox.ledger")
-
-J = EventJob._meta.db_table
-P = Partition._meta.db_table
-A = Attempt._meta.db_table
-NOTIFY_CHANNEL = "feishu_inbox"
-
-_QUEUED = Status.QUEUED.value
-_RUNNING = Status.RUNNING.value
-_RETRY = Status.RETRY_WAIT.value
-_COMPLETED = Status.COMPLETED.value
-_FAILED = Status.FAILED.value
-_UNKNOWN = Status.UNKNOWN.value
-_IDLE = PartitionState.IDLE.value
-_CLAIMABLE_SQL = f"('{_QUEUED}', '{_RETRY}')"
-# Written exactly as the partial index's predicate: SQLite uses a partial index only when the
-# query's WHERE names its condition in the same form.
-_UNRESOLVED = f"NOT (status = '{_COMPLETED}')"
-_ERROR_MESSAGE_LIMIT = 4000
 
 
 # --- results -------------------------------------------------------------------------------
@@ -108,150 +113,6 @@ class Outcome:
 
     done: list[int] = field(default_factory=list)
     refused: dict[int, LedgerError] = field(default_factory=dict)
-
-
-# --- SQL dialect -----------------------------------------------------------------------------
-
-
-def _sqlite_now(offset_seconds: float | None) -> str:
-    when = datetime.now(UTC) + timedelta(seconds=offset_seconds or 0)
-    return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
-
-
-class _Dialect:
-    """The few SQL fragments that differ between PostgreSQL and SQLite."""
-
-    def __init__(self, pg: bool) -> None:
-        self.pg = pg
-        # ``now()`` is the transaction's start on PostgreSQL: one clock for every host.
-        self.now = "now()" if pg else "feishu_inbox_now(0)"
-        self.lock = " FOR UPDATE" if pg else ""
-        self.skip_locked = " FOR UPDATE SKIP LOCKED" if pg else ""
-
-    def now_plus(self) -> str:
-        """``now + %s seconds`` (one parameter)."""
-        return "(now() + %s * interval '1 second')" if self.pg else "feishu_inbox_now(%s)"
-
-
-_PG = _Dialect(pg=True)
-_SQLITE = _Dialect(pg=False)
-
-
-def _dialect() -> _Dialect:
-    if connection.vendor == "postgresql":
-        return _PG
-    connection.ensure_connection()
-    raw = connection.connection
-    if connection.__dict__.get("_feishu_inbox_raw") is not raw:
-        raw.create_function("feishu_inbox_now", 1, _sqlite_now)
-        connection.__dict__["_feishu_inbox_raw"] = raw
-    return _SQLITE
-
-
-#: SQLite has one writer at a time, and its busy handler sleeps in growing steps (up to 100 ms)
-#: instead of waking when the lock frees. Writers of one process queue on this lock instead,
-#: which wakes the next at once; only writers of other processes meet the busy handler.
-_sqlite_writer = threading.RLock()
-
-
-@contextmanager
-def _serialized() -> Iterator[None]:
-    if connection.vendor == "sqlite":
-        with _sqlite_writer:
-            yield
-    else:
-        yield
-
-
-@contextmanager
-def _write_txn() -> Iterator[None]:
-    """One ledger transaction (IMMEDIATE on SQLite, per the database OPTIONS)."""
-    with _serialized(), transaction.atomic():
-        yield
-
-
-def _in(values: Sequence[Any]) -> str:
-    return "(" + ", ".join(["%s"] * len(values)) + ")"
-
-
-def _fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return list(cur.fetchall())
-
-
-def _execute(sql: str, params: Sequence[Any] = ()) -> int:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.rowcount
-
-
-def _lock_partitions(d: _Dialect, keys: Iterable[str], *, skip_locked: bool = False) -> list[str]:
-    """Lock partition rows (PostgreSQL) in key order; returns the keys locked."""
-    keys = sorted(set(keys))
-    if not keys or not d.pg:
-        return keys
-    suffix = d.skip_locked if skip_locked else d.lock
-    rows = _fetchall(f"SELECT key FROM {P} WHERE key IN {_in(keys)} ORDER BY key{suffix}", keys)
-    return [r[0] for r in rows]
-
-
-def _resync_heads(keys: Iterable[str]) -> None:
-    """Point each partition at its first non-completed job (call with the rows locked).
-
-    The key is bound as a parameter (not correlated) and the order matches the partial index
-    ``(partition_key, id)``: a correlated subquery gets a generic plan that walks the primary
-    key through the whole backlog.
-    """
-    head = f"FROM {J} WHERE partition_key = %s AND {_UNRESOLVED} ORDER BY partition_key, id LIMIT 1"
-    for key in sorted(set(keys)):
-        _execute(
-            f"""
-            UPDATE {P} SET
-                head_id = (SELECT id {head}),
-                head_state = COALESCE((SELECT status {head}), '{_IDLE}'),
-                head_due_at = (SELECT available_at {head})
-            WHERE key = %s
-            """,
-            [key, key, key, key],
-        )
-
-
-def _notify(d: _Dialect, key: str) -> None:
-    """Wake idle workers (PostgreSQL; delivered at commit): a head became claimable."""
-    if d.pg:
-        _execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, key[:200]])
-
-
-def _record_attempts(d: _Dialect, job_ids: Sequence[int], number_offset: int = 0) -> None:
-    """History row for each job's attempt that just ended (run after the job's update)."""
-    if not job_ids:
-        return
-    _execute(
-        f"""
-        INSERT INTO {A} (job_id, number, worker_id, started_at, ended_at, outcome,
-                         error_type, error_message)
-        SELECT id, attempt + %s, worker_id, COALESCE(claimed_at, {d.now}), {d.now}, status,
-               error_type, error_message
-        FROM {J} WHERE id IN {_in(job_ids)}
-        """,
-        [number_offset, *job_ids],
-    )
-
-
-def _aware(value: Any) -> Any:
-    """A timestamp read by raw SQL as an aware datetime (SQLite gives text or naive UTC)."""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if isinstance(value, datetime) and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value
-
-
-def _truncate(message: str) -> str:
-    if len(message) <= _ERROR_MESSAGE_LIMIT:
-        return message
-    return message[: _ERROR_MESSAGE_LIMIT - 1] + "…"
 
 
 def backoff_seconds(attempt: int, conf: InboxSettings | None = None) -> float:
@@ -299,29 +160,29 @@ def enqueue(
             f"enqueue needs payload as a dict (got {type(payload).__name__}).",
             fix="Pass the decoded event envelope; nothing was stored.",
         )
-    d = _dialect()
+    d = dialect()
     if payload_json is None:
         payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
             payload, connection, prepared=False
         )
     if d.pg:  # one round trip: the same steps, server-side (migration 0002)
-        job_id, created = _fetchall(
+        job_id, created = fetchall(
             "SELECT * FROM feishu_inbox_enqueue(%s, %s, %s, %s, %s, %s, %s)",
             [app, event_id, event_type, dedupe_key, partition_key, private_message, payload_json],
         )[0]
         return EnqueueResult(job_id=job_id, created=created)
-    with _write_txn():
+    with write_txn():
         # 1. Lock (or create) the partition row: enqueues into one partition serialise here.
-        head_id = _fetchall(
+        head_id = fetchall(
             f"""
             INSERT INTO {P} (key, head_id, head_state, head_due_at) VALUES (%s, NULL, %s, NULL)
             ON CONFLICT (key) DO UPDATE SET key = excluded.key
             RETURNING head_id
             """,
-            [partition_key, _IDLE],
+            [partition_key, IDLE],
         )[0][0]
         # 2. Take the receipt sequence (the id) under that lock.
-        rows = _fetchall(
+        rows = fetchall(
             f"""
             INSERT INTO {J} (app, event_id, event_type, dedupe_key, partition_key,
                 private_message, payload, status, attempt, received_at, available_at,
@@ -340,21 +201,21 @@ def enqueue(
                 partition_key,
                 private_message,
                 payload_json,
-                _QUEUED,
+                QUEUED,
             ],
         )
         if not rows:
-            existing = _fetchall(
+            existing = fetchall(
                 f"SELECT id FROM {J} WHERE app = %s AND dedupe_key = %s", [app, dedupe_key]
             )
             return EnqueueResult(job_id=existing[0][0], created=False)
         job_id = rows[0][0]
         # 3. An idle partition gets this job as its head; only then is there new claimable work.
         if head_id is None:
-            _execute(
+            execute(
                 f"UPDATE {P} SET head_id = %s, head_state = %s, "
                 f"head_due_at = (SELECT available_at FROM {J} WHERE id = %s) WHERE key = %s",
-                [job_id, _QUEUED, job_id, partition_key],
+                [job_id, QUEUED, job_id, partition_key],
             )
     return EnqueueResult(job_id=job_id, created=True)
 
@@ -365,27 +226,27 @@ def enqueue(
 def expire_leases(limit: int = 100) -> int:
     """Recover running jobs whose lease passed (SPEC §3 Lease expiry). Returns how many."""
     conf = checked_settings()
-    d = _dialect()
+    d = dialect()
     probe = f"SELECT id, partition_key FROM {J} WHERE status = %s AND lease_until <= {d.now} "
-    if not _fetchall(probe + "LIMIT 1", [_RUNNING]):  # the usual case: one cheap index probe
+    if not fetchall(probe + "LIMIT 1", [RUNNING]):  # the usual case: one cheap index probe
         return 0
-    with _write_txn():
-        candidates = _fetchall(probe + "ORDER BY id LIMIT %s", [_RUNNING, limit])
+    with write_txn():
+        candidates = fetchall(probe + "ORDER BY id LIMIT %s", [RUNNING, limit])
         if not candidates:
             return 0
         # Partitions another transaction holds are left for the next claimer.
-        locked = set(_lock_partitions(d, (k for _, k in candidates), skip_locked=True))
+        locked = set(lock_partitions(d, (k for _, k in candidates), skip_locked=True))
         ids = [i for i, k in candidates if k in locked]
         if not ids:
             return 0
-        rows = _fetchall(
+        rows = fetchall(
             f"""
             UPDATE {J} SET
                 status = CASE
                     WHEN side_effect_started OR effects_in_flight > 0 OR effect_uncertain
-                        THEN '{_UNKNOWN}'
-                    WHEN attempt >= %s THEN '{_FAILED}'
-                    ELSE '{_RETRY}' END,
+                        THEN '{UNKNOWN}'
+                    WHEN attempt >= %s THEN '{FAILED}'
+                    ELSE '{RETRY}' END,
                 error_type = CASE
                     WHEN side_effect_started OR effects_in_flight > 0 OR effect_uncertain
                         THEN 'LeaseExpiredAfterSideEffect'
@@ -394,14 +255,14 @@ def expire_leases(limit: int = 100) -> int:
                 available_at = {d.now},
                 finished_at = {d.now},
                 lease_token = '', lease_until = NULL
-            WHERE id IN {_in(ids)} AND status = %s AND lease_until <= {d.now}
+            WHERE id IN {in_list(ids)} AND status = %s AND lease_until <= {d.now}
             RETURNING id, partition_key, status
             """,
-            [conf.MAX_ATTEMPTS, *ids, _RUNNING],
+            [conf.MAX_ATTEMPTS, *ids, RUNNING],
         )
         expired = [r[0] for r in rows]
-        _record_attempts(d, expired)
-        _resync_heads(r[1] for r in rows)
+        record_attempts(d, expired)
+        resync_heads(r[1] for r in rows)
     for job_id, key, status in rows:
         log.warning("job %s lease expired: now %s (partition %s)", job_id, status, key)
     return len(rows)
@@ -459,25 +320,25 @@ def _claimed_jobs(rows: list[tuple[Any, ...]], worker_id: str, token: str) -> li
             app=app,
             payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
             private_message=bool(private),
-            lease_until=_aware(lease_until),
+            lease_until=aware(lease_until),
         )
         for job_id, event_id, event_type, app, payload, private, attempt, key, lease_until in rows
     ]
 
 
 def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
-    d = _dialect()
+    d = dialect()
     token = uuid.uuid4().hex
     if d.pg:  # one round trip, plan cached server-side (migration 0002)
-        rows = _fetchall(
+        rows = fetchall(
             f"SELECT {_CLAIMED_COLUMNS} FROM feishu_inbox_claim(%s, %s, %s, %s)",
             [worker_id, token, lease_seconds, limit],
         )
     else:  # SQLite: one writer at a time, so no row locks are needed
-        with _write_txn():
-            picked = _fetchall(
+        with write_txn():
+            picked = fetchall(
                 f"SELECT key, head_id FROM {P} "
-                f"WHERE head_state IN {_CLAIMABLE_SQL} AND head_due_at <= {d.now} "
+                f"WHERE head_state IN {CLAIMABLE_SQL} AND head_due_at <= {d.now} "
                 "ORDER BY head_id LIMIT %s",
                 [limit],
             )
@@ -485,12 +346,14 @@ def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
                 return []
             keys = [k for k, _ in picked]
             ids = [i for _, i in picked]
-            _execute(f"UPDATE {P} SET head_state = %s WHERE key IN {_in(keys)}", [_RUNNING, *keys])
-            rows = _fetchall(
-                f"UPDATE {J} SET status = '{_RUNNING}', attempt = attempt + 1, "
+            execute(
+                f"UPDATE {P} SET head_state = %s WHERE key IN {in_list(keys)}", [RUNNING, *keys]
+            )
+            rows = fetchall(
+                f"UPDATE {J} SET status = '{RUNNING}', attempt = attempt + 1, "
                 f"worker_id = %s, lease_token = %s, lease_until = {d.now_plus()}, "
                 f"claimed_at = {d.now}, error_type = '', error_message = '' "
-                f"WHERE id IN {_in(ids)} AND status IN {_CLAIMABLE_SQL} "
+                f"WHERE id IN {in_list(ids)} AND status IN {CLAIMABLE_SQL} "
                 f"RETURNING {_CLAIMED_COLUMNS}",
                 [worker_id, token, lease_seconds, *ids],
             )
@@ -505,9 +368,9 @@ def _pick(worker_id: str, lease_seconds: float, limit: int) -> list[ClaimedJob]:
 # --- fenced operations of the lease holder -------------------------------------------------
 
 
-def _fence_sql(d: _Dialect) -> str:
+def _fence_sql(d: Dialect) -> str:
     return (
-        f"id = %s AND status = '{_RUNNING}' AND worker_id = %s AND lease_token = %s "
+        f"id = %s AND status = '{RUNNING}' AND worker_id = %s AND lease_token = %s "
         f"AND lease_until > {d.now}"
     )
 
@@ -518,15 +381,15 @@ def _fence_params(lease: Lease) -> list[Any]:
 
 def _lease_lost(lease: Lease, doing: str) -> LeaseLost:
     """Explain why a fenced call matched nothing (read outside the failed statement)."""
-    d = _dialect()
-    rows = _fetchall(
+    d = dialect()
+    rows = fetchall(
         f"SELECT status, worker_id, lease_token, lease_until <= {d.now} FROM {J} WHERE id = %s",
         [lease.job_id],
     )
     if not rows:
         return LeaseLost(f"Cannot {doing} job {lease.job_id}: it no longer exists.")
     status, owner, token, expired = rows[0]
-    if status != _RUNNING:
+    if status != RUNNING:
         why = f"it is {status} now"
     elif owner != lease.worker_id or token != lease.token:
         why = f"worker {owner} holds it now"
@@ -541,23 +404,23 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
     """Extend the lease; returns the new deadline (database clock)."""
     conf = checked_settings()
     seconds = conf.LEASE_SECONDS if lease_seconds is None else lease_seconds
-    d = _dialect()
-    with _serialized():
-        rows = _fetchall(
+    d = dialect()
+    with serialized():
+        rows = fetchall(
             f"UPDATE {J} SET lease_until = {d.now_plus()} WHERE {_fence_sql(d)} "
             "RETURNING lease_until",
             [seconds, *_fence_params(lease)],
         )
     if not rows:
         raise _lease_lost(lease, "renew")
-    return _aware(rows[0][0])
+    return aware(rows[0][0])
 
 
 def begin_effect(lease: Lease) -> None:
     """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects)."""
-    d = _dialect()
-    with _serialized():
-        updated = _execute(
+    d = dialect()
+    with serialized():
+        updated = execute(
             f"UPDATE {J} SET effects_in_flight = effects_in_flight + 1, "
             f"side_effect_started = TRUE WHERE {_fence_sql(d)}",
             _fence_params(lease),
@@ -568,9 +431,9 @@ def begin_effect(lease: Lease) -> None:
 
 def end_effect(lease: Lease, *, ok: bool) -> None:
     """Record the effect as finished (``ok``) or uncertain (it raised)."""
-    d = _dialect()
-    with _serialized():
-        updated = _execute(
+    d = dialect()
+    with serialized():
+        updated = execute(
             f"UPDATE {J} SET effects_in_flight = effects_in_flight - 1, "
             f"effect_uncertain = (effect_uncertain OR %s) "
             f"WHERE {_fence_sql(d)} AND effects_in_flight > 0",
@@ -586,18 +449,18 @@ _EFFECT_ANY = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain
 
 def _end_attempt(lease: Lease, doing: str, set_sql: str, params: list[Any]) -> str:
     """Apply a fenced terminal update of the running head; returns the new status."""
-    d = _dialect()
-    with _write_txn():
-        _lock_partitions(d, [lease.partition_key])
-        rows = _fetchall(
+    d = dialect()
+    with write_txn():
+        lock_partitions(d, [lease.partition_key])
+        rows = fetchall(
             f"UPDATE {J} SET {set_sql}, lease_token = '', lease_until = NULL "
             f"WHERE {_fence_sql(d)} RETURNING status",
             [*params, *_fence_params(lease)],
         )
         if not rows:
             raise _lease_lost(lease, doing)
-        _record_attempts(d, [lease.job_id])
-        _resync_heads([lease.partition_key])
+        record_attempts(d, [lease.job_id])
+        resync_heads([lease.partition_key])
     return str(rows[0][0])
 
 
@@ -612,7 +475,7 @@ def _end_attempt_pg(
     retry_in: float = 0.0,
 ) -> str:
     """The same transition as ``_end_attempt``, in one round trip (migration 0002)."""
-    status = _fetchall(
+    status = fetchall(
         "SELECT feishu_inbox_end_attempt(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
         [
             lease.job_id,
@@ -637,7 +500,7 @@ def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
     ``superseded`` records that a newer private message replaced this one (SPEC §4); ``note``
     is an error type kept on a completed job (``NoHandler``).
     """
-    d = _dialect()
+    d = dialect()
     kept = "Superseded" if superseded else note
     if d.pg:
         return _end_attempt_pg(lease, "finish", fail=False, error_type=kept)
@@ -645,7 +508,7 @@ def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
         lease,
         "finish",
         f"""
-        status = CASE WHEN {_EFFECT_OPEN} THEN '{_UNKNOWN}' ELSE '{_COMPLETED}' END,
+        status = CASE WHEN {_EFFECT_OPEN} THEN '{UNKNOWN}' ELSE '{COMPLETED}' END,
         error_type = CASE WHEN {_EFFECT_OPEN} THEN 'UncertainEffect' ELSE %s END,
         error_message = CASE WHEN {_EFFECT_OPEN}
             THEN 'An effect was in flight or raised when the handler ended; check whether it '
@@ -671,7 +534,7 @@ def finish_and_claim(
     of two, for a worker whose slot would otherwise claim again at once. Nothing is claimed if
     the lease was lost (LeaseLost is raised, as by ``finish``).
     """
-    d = _dialect()
+    d = dialect()
     if not d.pg or limit < 1:
         status = finish(lease, superseded=superseded, note=note)
         jobs = claim(lease.worker_id, lease_seconds=lease_seconds, limit=limit) if limit else []
@@ -681,7 +544,7 @@ def finish_and_claim(
     _maybe_sweep()
     token = uuid.uuid4().hex
     columns = ", ".join(f"c.{c.strip()}" for c in _CLAIMED_COLUMNS.split(","))
-    rows = _fetchall(
+    rows = fetchall(
         f"""
         SELECT d.status, {columns}
         FROM (SELECT feishu_inbox_end_attempt(%s, %s, %s, %s, FALSE, %s, '', 0, 0) AS status) d
@@ -711,9 +574,9 @@ def finish_and_claim(
 def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None) -> str:
     """The handler raised: ``unknown`` if any effect started, else retry or ``failed``."""
     conf = checked_settings()
-    d = _dialect()
+    d = dialect()
     delay = backoff_seconds(lease.attempt, conf) if retry_in is None else retry_in
-    error_type, message = error_type[:128] or "Error", _truncate(message)
+    error_type, message = error_type[:128] or "Error", truncate(message)
     if d.pg:
         return _end_attempt_pg(
             lease,
@@ -728,8 +591,8 @@ def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | 
         lease,
         "fail",
         f"""
-        status = CASE WHEN {_EFFECT_ANY} THEN '{_UNKNOWN}'
-                      WHEN attempt >= %s THEN '{_FAILED}' ELSE '{_RETRY}' END,
+        status = CASE WHEN {_EFFECT_ANY} THEN '{UNKNOWN}'
+                      WHEN attempt >= %s THEN '{FAILED}' ELSE '{RETRY}' END,
         available_at = CASE WHEN {_EFFECT_ANY} OR attempt >= %s THEN available_at
                             ELSE {d.now_plus()} END,
         finished_at = {d.now},
@@ -740,20 +603,20 @@ def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | 
             conf.MAX_ATTEMPTS,
             delay,
             error_type[:128] or "Error",
-            _truncate(message),
+            truncate(message),
         ],
     )
 
 
 def hand_back(lease: Lease) -> str:
     """Return a job that started no effect to the queue at once, without spending an attempt."""
-    d = _dialect()
-    with _write_txn():
-        _lock_partitions(d, [lease.partition_key])
-        rows = _fetchall(
+    d = dialect()
+    with write_txn():
+        lock_partitions(d, [lease.partition_key])
+        rows = fetchall(
             f"""
             UPDATE {J} SET
-                status = CASE WHEN attempt > 1 THEN '{_RETRY}' ELSE '{_QUEUED}' END,
+                status = CASE WHEN attempt > 1 THEN '{RETRY}' ELSE '{QUEUED}' END,
                 attempt = attempt - 1, available_at = {d.now},
                 error_type = 'HandedBack', error_message = 'The worker shut down.',
                 lease_token = '', lease_until = NULL
@@ -763,7 +626,7 @@ def hand_back(lease: Lease) -> str:
             _fence_params(lease),
         )
         if not rows:
-            held = _fetchall(f"SELECT 1 FROM {J} WHERE {_fence_sql(d)}", _fence_params(lease))
+            held = fetchall(f"SELECT 1 FROM {J} WHERE {_fence_sql(d)}", _fence_params(lease))
             if held:  # the lease is fine: what stopped it is the effect
                 raise InvalidState(
                     f"Cannot hand back job {lease.job_id}: an effect has started.",
@@ -771,9 +634,9 @@ def hand_back(lease: Lease) -> str:
                     "becomes unknown for an operator to reconcile.",
                 )
             raise _lease_lost(lease, "hand back")
-        _record_attempts(d, [lease.job_id], number_offset=1)
-        _resync_heads([lease.partition_key])
-        _notify(d, lease.partition_key)
+        record_attempts(d, [lease.job_id], number_offset=1)
+        resync_heads([lease.partition_key])
+        notify(d, lease.partition_key)
     return str(rows[0][0])
 
 
@@ -781,9 +644,9 @@ def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
     """True when this private job should stop at its next checkpoint (SPEC §4)."""
     if not private_message or not checked_settings().INTERRUPT_PRIVATE:
         return False
-    rows = _fetchall(
+    rows = fetchall(
         f"SELECT private_message FROM {J} WHERE partition_key = %s AND id > %s "
-        f"AND {_UNRESOLVED} ORDER BY partition_key, id LIMIT 1",
+        f"AND {UNRESOLVED} ORDER BY partition_key, id LIMIT 1",
         [lease.partition_key, lease.job_id],
     )
     return bool(rows and rows[0][0])
@@ -802,28 +665,28 @@ def _operator_action(
     hint: str,
 ) -> Outcome:
     """Apply one guarded transition per job, each in its own transaction."""
-    d = _dialect()
+    d = dialect()
     outcome = Outcome()
     for job_id in dict.fromkeys(job_ids):
         try:
-            with _write_txn():
-                rows = _fetchall(f"SELECT partition_key FROM {J} WHERE id = %s", [job_id])
+            with write_txn():
+                rows = fetchall(f"SELECT partition_key FROM {J} WHERE id = %s", [job_id])
                 if not rows:
                     raise JobNotFound(f"Cannot {doing} job {job_id}: there is no such job.")
-                _lock_partitions(d, [rows[0][0]])
-                changed = _fetchall(
+                lock_partitions(d, [rows[0][0]])
+                changed = fetchall(
                     f"UPDATE {J} SET {set_sql}, resolution = %s "
                     "WHERE id = %s AND status = %s RETURNING partition_key",
                     [resolution, job_id, from_status],
                 )
                 if not changed:
-                    status = _fetchall(f"SELECT status FROM {J} WHERE id = %s", [job_id])[0][0]
+                    status = fetchall(f"SELECT status FROM {J} WHERE id = %s", [job_id])[0][0]
                     raise InvalidState(
                         f"Cannot {doing} job {job_id}: it is {status}, not {from_status}.",
                         fix=hint,
                     )
-                _resync_heads([changed[0][0]])
-                _notify(d, changed[0][0])
+                resync_heads([changed[0][0]])
+                notify(d, changed[0][0])
             outcome.done.append(job_id)
         except LedgerError as exc:
             outcome.refused[job_id] = exc
@@ -832,12 +695,12 @@ def _operator_action(
 
 def requeue(job_ids: Iterable[int]) -> Outcome:
     """``failed`` → ``queued``, attempt 0, due now."""
-    d = _dialect()
+    d = dialect()
     return _operator_action(
         job_ids,
         doing="requeue",
-        from_status=_FAILED,
-        set_sql=f"status = '{_QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL",
+        from_status=FAILED,
+        set_sql=f"status = '{QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL",
         resolution=Resolution.REQUEUED,
         hint="Only failed jobs can be requeued; unknown jobs need reconcile.",
     )
@@ -845,20 +708,20 @@ def requeue(job_ids: Iterable[int]) -> Outcome:
 
 def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
     """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
-    d = _dialect()
+    d = dialect()
     if applied:
-        set_sql = f"status = '{_COMPLETED}', finished_at = {d.now}"
+        set_sql = f"status = '{COMPLETED}', finished_at = {d.now}"
         resolution = Resolution.APPLIED
     else:
         set_sql = (
-            f"status = '{_QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL, "
+            f"status = '{QUEUED}', attempt = 0, available_at = {d.now}, finished_at = NULL, "
             "effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE"
         )
         resolution = Resolution.NOT_APPLIED
     return _operator_action(
         job_ids,
         doing="reconcile",
-        from_status=_UNKNOWN,
+        from_status=UNKNOWN,
         set_sql=set_sql,
         resolution=resolution,
         hint="Only unknown jobs are reconciled; failed jobs are requeued or discarded.",
@@ -867,12 +730,12 @@ def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
 
 def discard(job_ids: Iterable[int]) -> Outcome:
     """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
-    d = _dialect()
+    d = dialect()
     return _operator_action(
         job_ids,
         doing="discard",
-        from_status=_FAILED,
-        set_sql=f"status = '{_COMPLETED}', finished_at = {d.now}",
+        from_status=FAILED,
+        set_sql=f"status = '{COMPLETED}', finished_at = {d.now}",
         resolution=Resolution.DISCARDED,
         hint="Only failed jobs can be discarded; unknown jobs need reconcile.",
     )
@@ -890,22 +753,22 @@ class PurgeResult:
 def purge(*, max_batches: int | None = None) -> PurgeResult:
     """Delete completed jobs past retention, one small transaction per batch."""
     conf = checked_settings()
-    d = _dialect()
+    d = dialect()
     expired_unknown = 0
     if conf.UNKNOWN_RETENTION is not None:
         old = [
             r[0]
-            for r in _fetchall(
+            for r in fetchall(
                 f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()}",
-                [_UNKNOWN, -conf.UNKNOWN_RETENTION.total_seconds()],
+                [UNKNOWN, -conf.UNKNOWN_RETENTION.total_seconds()],
             )
         ]
         expired_unknown = len(
             _operator_action(
                 old,
                 doing="expire",
-                from_status=_UNKNOWN,
-                set_sql=f"status = '{_COMPLETED}', error_type = 'UnknownExpired'",
+                from_status=UNKNOWN,
+                set_sql=f"status = '{COMPLETED}', error_type = 'UnknownExpired'",
                 resolution=Resolution.NONE,
                 hint="",
             ).done
@@ -914,148 +777,23 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
     batches = 0
     cutoff = -conf.COMPLETED_RETENTION.total_seconds()
     while max_batches is None or batches < max_batches:
-        with _write_txn():
+        with write_txn():
             ids = [
                 r[0]
-                for r in _fetchall(
+                for r in fetchall(
                     f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()} "
                     f"ORDER BY finished_at LIMIT %s{d.skip_locked}",
-                    [_COMPLETED, cutoff, conf.PURGE_BATCH_SIZE],
+                    [COMPLETED, cutoff, conf.PURGE_BATCH_SIZE],
                 )
             ]
             if ids:
-                _execute(f"DELETE FROM {A} WHERE job_id IN {_in(ids)}", ids)
-                _execute(f"DELETE FROM {J} WHERE id IN {_in(ids)}", ids)
+                execute(f"DELETE FROM {A} WHERE job_id IN {in_list(ids)}", ids)
+                execute(f"DELETE FROM {J} WHERE id IN {in_list(ids)}", ids)
         deleted += len(ids)
         batches += 1
         if len(ids) < conf.PURGE_BATCH_SIZE:
             break
     return PurgeResult(completed_deleted=deleted, unknown_expired=expired_unknown)
-
-
-# --- reading -------------------------------------------------------------------------------
-
-
-def next_wakeup() -> datetime | None:
-    """The earliest time a claim may find work: a due head or a lease to expire."""
-    rows = _fetchall(
-        f"""
-        SELECT MIN(t) FROM (
-            SELECT MIN(head_due_at) AS t FROM {P} WHERE head_state IN {_CLAIMABLE_SQL}
-            UNION ALL
-            SELECT MIN(lease_until) AS t FROM {J} WHERE status = '{_RUNNING}'
-        ) AS w
-        """
-    )
-    return _aware(rows[0][0])
-
-
-def seconds_until_wakeup() -> float | None:
-    """Seconds until ``next_wakeup()`` by the database's clock (negative: overdue)."""
-    wake = next_wakeup()
-    if wake is None:
-        return None
-    return (wake - database_now()).total_seconds()
-
-
-def database_now() -> datetime:
-    """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
-    d = _dialect()
-    if not d.pg:
-        return datetime.now(UTC)
-    return _fetchall("SELECT now()")[0][0]
-
-
-@dataclass(frozen=True)
-class Stats:
-    counts: dict[str, int]
-    due: int
-    delayed: int
-    oldest_due_age_seconds: float | None
-    blocked_partitions: int
-    running_partitions: int
-    #: True when ``counts["completed"]`` is the planner's estimate (a very large ledger).
-    completed_estimated: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "counts": self.counts,
-            "completed_estimated": self.completed_estimated,
-            "due": self.due,
-            "delayed": self.delayed,
-            "oldest_due_age_seconds": self.oldest_due_age_seconds,
-            "blocked_partitions": self.blocked_partitions,
-            "running_partitions": self.running_partitions,
-        }
-
-
-#: Above this many rows (PostgreSQL's estimate) the completed count is estimated, not counted.
-EXACT_COUNT_LIMIT = 200_000
-
-
-def stats() -> Stats:
-    """Queue statistics (SPEC §3): counts per state, due vs delayed, oldest due age, blocked.
-
-    ``due``: queued/retry-wait jobs whose time has come (some may wait behind their
-    partition's head); ``delayed``: retry-wait jobs not yet due; ``oldest_due_age_seconds``:
-    how long the oldest claimable head has been due (how far workers lag).
-    """
-    d = _dialect()
-    counts = {s.value: 0 for s in Status}
-    # Unresolved states are few and counted exactly through the status index; completed jobs
-    # are counted exactly only while the ledger is small, else estimated (no full scan on
-    # every dashboard refresh).
-    unresolved = [s.value for s in Status if s != Status.COMPLETED]
-    for status, n in _fetchall(
-        f"SELECT status, COUNT(*) FROM {J} WHERE status IN {_in(unresolved)} GROUP BY status",
-        unresolved,
-    ):
-        counts[status] = n
-    estimated = False
-    rows_estimate = -1
-    if d.pg:
-        rows_estimate = int(
-            _fetchall("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [J])[0][0]
-        )
-    if rows_estimate > EXACT_COUNT_LIMIT:
-        counts[_COMPLETED] = max(0, rows_estimate - sum(counts.values()))
-        estimated = True
-    else:
-        counts[_COMPLETED] = _fetchall(f"SELECT COUNT(*) FROM {J} WHERE status = %s", [_COMPLETED])[
-            0
-        ][0]
-    due, delayed = _fetchall(
-        f"""
-        SELECT COALESCE(SUM(CASE WHEN available_at <= {d.now} THEN 1 ELSE 0 END), 0),
-               COALESCE(SUM(CASE WHEN available_at > {d.now} THEN 1 ELSE 0 END), 0)
-        FROM {J} WHERE status IN {_CLAIMABLE_SQL}
-        """
-    )[0]
-    now = database_now()
-    oldest = _fetchall(
-        f"SELECT MIN(head_due_at) FROM {P} WHERE head_state IN {_CLAIMABLE_SQL} "
-        f"AND head_due_at <= {d.now}"
-    )[0][0]
-    oldest = _aware(oldest)
-    blocked_states = tuple(s.value for s in BLOCKING)
-    per_state = dict(
-        _fetchall(
-            f"SELECT head_state, COUNT(*) FROM {P} WHERE head_state IN {_in(blocked_states)} "
-            f"OR head_state = %s GROUP BY head_state",
-            [*blocked_states, _RUNNING],
-        )
-    )
-    return Stats(
-        counts=counts,
-        due=int(due),
-        delayed=int(delayed),
-        oldest_due_age_seconds=(
-            None if oldest is None else max(0.0, (now - oldest).total_seconds())
-        ),
-        blocked_partitions=sum(per_state.get(s, 0) for s in blocked_states),
-        running_partitions=per_state.get(_RUNNING, 0),
-        completed_estimated=estimated,
-    )
 
 
 def new_worker_id() -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, connections
 
-from . import handlers, ledger
+from . import handlers, ledger, sql
 from .conf import checked_settings
 from .errors import InvalidState, LeaseLost, Superseded
 
@@ -412,7 +412,7 @@ class Worker:
         while not self._done.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {ledger.NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
                     self._listening = True
                     self._wake.set()  # anything enqueued before we listened
                     while not self._done.is_set():
