@@ -278,15 +278,13 @@ class Worker:
         finally:
             with self._lock:
                 self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-                if following is not None and self._active.get(event.job_id) is ctx:
-                    del self._active[event.job_id]  # the slot passes to the next job
+                if following is not None:
+                    # The slot passes to the job its finish claimed. That job is ours even if
+                    # this one was marked lost meanwhile (its slot already freed): it must run.
+                    if self._active.get(event.job_id) is ctx:
+                        del self._active[event.job_id]
                     self._active[following.event.job_id] = following
-                    ctx = following
-                    following = None
-                    handed_on = True
-                else:
-                    handed_on = False
-            if not handed_on:
+            if following is None:
                 self._release(ctx)
             log.info(
                 "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
@@ -298,7 +296,7 @@ class Worker:
                 outcome,
                 (time.monotonic() - started) * 1000,
             )
-        return ctx if handed_on else None
+        return following
 
     def _finish(
         self, ctx: handlers.JobContext, *, superseded: bool = False, note: str = ""
