@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox
+# One database name per checkout, so two checkouts on one machine never drop each other's
+# test database (test_feishu_inbox_<hash>).
+PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
 .PHONY: demo test lint test-sqlite test-postgres clean
 
@@ -29,7 +31,7 @@ test-sqlite: $(VENV)/.installed
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
-# The suite creates and drops its own test database (test_feishu_inbox).
+# The suite creates and drops its own test database.
 test-postgres: $(VENV)/.installed
 	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -193,9 +193,7 @@ class effect:
         try:
             ledger.end_effect(ctx.lease, ok=exc_type is None)
         except LeaseLost as lost:
-            ctx.mark_lost(str(lost))
-            if exc_type is None:
-                raise
+            _lost_at_exit(ctx, lost, exc_type)
 
     async def __aenter__(self) -> effect:
         from . import ledger
@@ -226,9 +224,18 @@ class effect:
                 ctx.lease,
             )
         except LeaseLost as lost:
-            ctx.mark_lost(str(lost))
-            if exc_type is None:
-                raise
+            _lost_at_exit(ctx, lost, exc_type)
+
+
+def _lost_at_exit(ctx: JobContext, lost: LeaseLost, exc_type: type[BaseException] | None) -> None:
+    """The effect ended but its record could not be written: the lease is gone.
+
+    The job becomes ``unknown`` by lease expiry (an effect started). The handler's own
+    exception, if any, is the one that propagates.
+    """
+    ctx.mark_lost(str(lost))
+    if exc_type is None:
+        raise lost
 
 
 def _in_db_thread(fn: Callable[[Any], Any], arg: Any) -> Any:

@@ -67,6 +67,13 @@ class LedgerMachine(RuleBasedStateMachine):
             index % len(self.leases)
         ]
 
+    @staticmethod
+    def _after_failure(job: ModelJob) -> str:
+        """SPEC §3 Fail and Lease expiry: where a failed attempt leaves the job."""
+        if job.any_effect:
+            return "unknown"
+        return "failed" if job.attempt >= MAX_ATTEMPTS else "retry_wait"
+
     def _end(self, lease: ledger.Lease) -> ModelJob:
         del self.leases[lease.job_id]
         self.stale.append(lease)
@@ -134,12 +141,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if lease := self._lease(index):
             result = ledger.fail(lease, error_type="Boom", retry_in=0)
             job = self._end(lease)
-            if job.any_effect:
-                job.status = "unknown"
-            elif job.attempt >= MAX_ATTEMPTS:
-                job.status = "failed"
-            else:
-                job.status = "retry_wait"
+            job.status = self._after_failure(job)
             assert result == job.status
 
     @rule(index=st.integers(0, 5))
@@ -163,12 +165,7 @@ class LedgerMachine(RuleBasedStateMachine):
             expire_lease(lease.job_id)
             assert ledger.expire_leases() == 1
             job = self._end(lease)
-            if job.any_effect:
-                job.status = "unknown"
-            elif job.attempt >= MAX_ATTEMPTS:
-                job.status = "failed"
-            else:
-                job.status = "retry_wait"
+            job.status = self._after_failure(job)
 
     @rule(index=st.integers(0, 20))
     @precondition(lambda self: bool(self.stale))
