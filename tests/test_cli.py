@@ -103,3 +103,22 @@ def test_reconcile_discard_and_purge() -> None:
     assert "deleted 0 completed jobs" in inbox("purge")
     with pytest.raises(CommandError):
         call_command("inbox", "reconcile", str(unknown.pk), stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.django_db
+def test_cli_actions_are_recorded_under_the_given_user() -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import User
+
+    operator = User.objects.create_user("oncall")
+    job = EventJobFactory()
+    lease = ledger.claim("w")[0].lease
+    ledger.begin_effect(lease)
+    ledger.finish(lease)
+    with pytest.raises(CommandError, match="no user 'ghost'"):
+        inbox("reconcile", str(job.pk), "--applied", "--user", "ghost")
+    assert EventJob.objects.get(pk=job.pk).status == "unknown"  # nothing moved
+    inbox("reconcile", str(job.pk), "--applied", "--user", "oncall")
+    entry = LogEntry.objects.get(object_id=str(job.pk))
+    assert entry.user == operator
+    assert "the effect happened" in entry.get_change_message()

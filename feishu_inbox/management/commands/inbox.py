@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import logging
 from argparse import ArgumentParser
 from typing import Any
 
@@ -11,6 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError
 from feishu_inbox.models import EventJob, Status, job_as_dict
+
+log = logging.getLogger("feishu_inbox.operator")
 
 
 class Command(BaseCommand):
@@ -32,13 +36,19 @@ class Command(BaseCommand):
         requeue.add_argument("ids", type=int, nargs="+", metavar="ID")
         reconcile = sub.add_parser("reconcile", help="Resolve unknown jobs.")
         reconcile.add_argument("ids", type=int, nargs="+", metavar="ID")
+        discard = sub.add_parser("discard", help="failed → completed, unblocking its chat.")
+        discard.add_argument("ids", type=int, nargs="+", metavar="ID")
+        for action in (requeue, reconcile, discard):
+            action.add_argument(
+                "--user",
+                help="Django username to record this under in the admin history "
+                "(who did what, when); must exist.",
+            )
         how = reconcile.add_mutually_exclusive_group(required=True)
         how.add_argument("--applied", action="store_true", help="The effect happened: mark done.")
         how.add_argument(
             "--not-applied", action="store_true", help="It did not happen: run it again."
         )
-        discard = sub.add_parser("discard", help="failed → completed, unblocking its chat.")
-        discard.add_argument("ids", type=int, nargs="+", metavar="ID")
         sub.add_parser("purge", help="Delete completed jobs past retention.")
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
 
@@ -105,7 +115,38 @@ class Command(BaseCommand):
                 value = json.dumps(value, indent=2, default=str, ensure_ascii=False)
             self.stdout.write(f"{key}: {value}")
 
-    def _report(self, outcome: ledger.Outcome, verb: str) -> None:
+    def _operator(self, options: dict[str, Any]) -> Any:
+        """The Django user the action is recorded under (checked before anything moves)."""
+        if not options.get("user"):
+            return None
+        from django.contrib.auth import get_user_model
+
+        model = get_user_model()
+        user = model._default_manager.filter(**{model.USERNAME_FIELD: options["user"]}).first()
+        if user is None:
+            raise CommandError(f"There is no user {options['user']!r}; nothing was changed.")
+        return user
+
+    def _report(
+        self, outcome: ledger.Outcome, verb: str, user: Any = None, label: str = ""
+    ) -> None:
+        log.info(
+            "%s by %s (OS user %s) via manage.py inbox: done %s, refused %s",
+            label or verb,
+            getattr(user, "username", "-"),
+            getpass.getuser(),
+            outcome.done,
+            sorted(outcome.refused),
+        )
+        if user is not None and outcome.done:
+            from django.contrib.admin.models import CHANGE, LogEntry
+
+            LogEntry.objects.log_actions(
+                user.pk,
+                EventJob.objects.filter(pk__in=outcome.done),
+                CHANGE,
+                change_message=f"{label or verb} (manage.py inbox)",
+            )
         for job_id in outcome.done:
             self.stdout.write(f"job {job_id}: {verb}")
         for job_id, error in outcome.refused.items():
@@ -117,15 +158,23 @@ class Command(BaseCommand):
             )
 
     def do_requeue(self, options: dict[str, Any]) -> None:
-        self._report(ledger.requeue(options["ids"]), "requeued")
+        user = self._operator(options)
+        self._report(ledger.requeue(options["ids"]), "requeued", user, "Requeue failed job")
 
     def do_reconcile(self, options: dict[str, Any]) -> None:
+        user = self._operator(options)
         applied = bool(options["applied"])
         outcome = ledger.reconcile(options["ids"], applied=applied)
-        self._report(outcome, "marked done" if applied else "queued to run again")
+        label = (
+            "Reconcile unknown: the effect happened, mark done"
+            if applied
+            else "Reconcile unknown: the effect did NOT happen, run again"
+        )
+        self._report(outcome, "marked done" if applied else "queued to run again", user, label)
 
     def do_discard(self, options: dict[str, Any]) -> None:
-        self._report(ledger.discard(options["ids"]), "discarded")
+        user = self._operator(options)
+        self._report(ledger.discard(options["ids"]), "discarded", user, "Discard failed job")
 
     def do_demo_data(self, options: dict[str, Any]) -> None:
         from feishu_inbox.demo_data import fill
