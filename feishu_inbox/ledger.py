@@ -748,6 +748,8 @@ def discard(job_ids: Iterable[int]) -> Outcome:
 class PurgeResult:
     completed_deleted: int
     unknown_expired: int
+    #: Idle partition rows (one per chat) with no job left in the ledger.
+    partitions_deleted: int = 0
 
 
 def purge(*, max_batches: int | None = None) -> PurgeResult:
@@ -793,7 +795,42 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
         batches += 1
         if len(ids) < conf.PURGE_BATCH_SIZE:
             break
-    return PurgeResult(completed_deleted=deleted, unknown_expired=expired_unknown)
+    return PurgeResult(
+        completed_deleted=deleted,
+        unknown_expired=expired_unknown,
+        partitions_deleted=_purge_idle_partitions(d, conf.PURGE_BATCH_SIZE, max_batches),
+    )
+
+
+def _purge_idle_partitions(d: Dialect, batch: int, max_batches: int | None) -> int:
+    """Delete partition rows of chats with no job left, so the table does not grow forever.
+
+    A row locked by an enqueue in progress is skipped (SKIP LOCKED); an enqueue after the
+    delete simply creates the row again.
+    """
+    deleted = 0
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        with write_txn():
+            keys = [
+                r[0]
+                for r in fetchall(
+                    f"SELECT p.key FROM {P} p WHERE p.head_state = %s AND NOT EXISTS "
+                    f"(SELECT 1 FROM {J} j WHERE j.partition_key = p.key) "
+                    f"LIMIT %s{d.skip_locked}",
+                    [IDLE, batch],
+                )
+            ]
+            if keys:
+                execute(
+                    f"DELETE FROM {P} WHERE head_state = %s AND key IN {in_list(keys)}",
+                    [IDLE, *keys],
+                )
+        deleted += len(keys)
+        batches += 1
+        if len(keys) < batch:
+            break
+    return deleted
 
 
 def new_worker_id() -> str:

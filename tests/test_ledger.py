@@ -493,9 +493,16 @@ def test_purge_deletes_only_completed_jobs_past_retention_in_batches() -> None:
     EventJob.objects.filter(pk__in=[j.pk for j in old] + [unknown.pk]).update(finished_at=long_ago)
     with override_settings(FEISHU_INBOX={"PURGE_BATCH_SIZE": 2}):
         result = ledger.purge()
-    assert result == ledger.PurgeResult(completed_deleted=5, unknown_expired=0)
+    assert result == ledger.PurgeResult(
+        completed_deleted=5, unknown_expired=0, partitions_deleted=5
+    )
     assert set(EventJob.objects.values_list("pk", flat=True)) == {recent.pk, unknown.pk}
     assert not Attempt.objects.filter(job_id__in=[j.pk for j in old]).exists()
+    # The chats whose jobs are all gone lose their partition row; the others keep theirs.
+    assert set(Partition.objects.values_list("key", flat=True)) == {"recent", "u"}
+    again = EventJobFactory(partition_key="p0")  # a purged chat speaks again
+    assert claim_one().id == again.pk
+    assert_mirror_consistent()
 
 
 def test_purge_expires_unknown_only_when_configured() -> None:

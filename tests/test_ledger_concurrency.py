@@ -251,3 +251,29 @@ def test_explain_claim_uses_the_partition_index_not_a_backlog_scan() -> None:
         cur.execute("RESET enable_seqscan")
     assert "feishu_inbox_part_claimable" in plan, plan
     assert ledger.J not in plan  # the claim never reads the job backlog
+
+
+def test_purge_skips_a_partition_an_enqueue_holds() -> None:
+    Partition.objects.create(key="quiet", head_state="idle")  # a chat whose jobs were purged
+    holding, release = threading.Event(), threading.Event()
+    ids: dict[str, int] = {}
+
+    def enqueue_and_hold() -> None:
+        with transaction.atomic():
+            ids["new"] = ledger.enqueue(
+                event_id="n", event_type="t", partition_key="quiet", payload={}
+            ).job_id
+            holding.set()
+            assert release.wait(10)
+
+    t = threading.Thread(target=lambda: (enqueue_and_hold(), connections.close_all()))
+    t.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        assert ledger.purge().partitions_deleted == 0  # skipped, not waited for
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        t.join(10)
+    assert [j.id for j in ledger.claim("w")] == [ids["new"]]

@@ -188,5 +188,6 @@ class Command(BaseCommand):
         result = ledger.purge()
         self.stdout.write(
             f"deleted {result.completed_deleted} completed jobs past retention; "
-            f"expired {result.unknown_expired} unknown jobs"
+            f"expired {result.unknown_expired} unknown jobs; "
+            f"removed {result.partitions_deleted} idle chats with no job left"
         )
