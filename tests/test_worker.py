@@ -305,3 +305,27 @@ def test_max_jobs_stops_after_that_many(workers: Workers) -> None:
     assert workers.start("--max-jobs", "2", "--concurrency", "2").wait(60) == 0
     statuses = sorted(job(i).status for i in ids)
     assert statuses == ["completed", "completed", "queued", "queued", "queued"]
+
+
+def test_worker_recovers_when_the_database_drops_its_connections(workers: Workers) -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: a server restart drops every client connection")
+    first = enqueue("x1", ["effect"], partition="chat-a")
+    proc = workers.start("--lease-seconds", "2")
+    wait_for(lambda: job(first).status == "completed", 30, "the first job")
+
+    def worker_sessions() -> int:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return len(cur.fetchall())
+
+    assert worker_sessions() >= 2  # its claim/handler and LISTEN connections, all dropped
+    second = enqueue("x2", ["effect"], partition="chat-b")
+    wait_for(lambda: job(second).status == "completed", 60, "the worker to reconnect")
+    assert proc.poll() is None  # it kept running
+    assert len(workers.lines("effect", "x2")) == 1
