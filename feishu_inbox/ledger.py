@@ -24,7 +24,7 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -775,62 +775,60 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
                 hint="",
             ).done
         )
-    deleted = 0
-    batches = 0
+    batch = conf.PURGE_BATCH_SIZE
     cutoff = -conf.COMPLETED_RETENTION.total_seconds()
-    while max_batches is None or batches < max_batches:
-        with write_txn():
-            ids = [
-                r[0]
-                for r in fetchall(
-                    f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()} "
-                    f"ORDER BY finished_at LIMIT %s{d.skip_locked}",
-                    [COMPLETED, cutoff, conf.PURGE_BATCH_SIZE],
-                )
-            ]
-            if ids:
-                execute(f"DELETE FROM {A} WHERE job_id IN {in_list(ids)}", ids)
-                execute(f"DELETE FROM {J} WHERE id IN {in_list(ids)}", ids)
-        deleted += len(ids)
-        batches += 1
-        if len(ids) < conf.PURGE_BATCH_SIZE:
-            break
+
+    def completed_batch() -> int:
+        ids = [
+            r[0]
+            for r in fetchall(
+                f"SELECT id FROM {J} WHERE status = %s AND finished_at < {d.now_plus()} "
+                f"ORDER BY finished_at LIMIT %s{d.skip_locked}",
+                [COMPLETED, cutoff, batch],
+            )
+        ]
+        if ids:
+            execute(f"DELETE FROM {A} WHERE job_id IN {in_list(ids)}", ids)
+            execute(f"DELETE FROM {J} WHERE id IN {in_list(ids)}", ids)
+        return len(ids)
+
+    def idle_partitions_batch() -> int:
+        # Chats with no job left: a row an enqueue holds is skipped (SKIP LOCKED), and an
+        # enqueue after the delete simply creates the row again.
+        keys = [
+            r[0]
+            for r in fetchall(
+                f"SELECT p.key FROM {P} p WHERE p.head_state = %s AND NOT EXISTS "
+                f"(SELECT 1 FROM {J} j WHERE j.partition_key = p.key) "
+                f"LIMIT %s{d.skip_locked}",
+                [IDLE, batch],
+            )
+        ]
+        if keys:
+            execute(
+                f"DELETE FROM {P} WHERE head_state = %s AND key IN {in_list(keys)}",
+                [IDLE, *keys],
+            )
+        return len(keys)
+
     return PurgeResult(
-        completed_deleted=deleted,
+        completed_deleted=_in_batches(completed_batch, batch, max_batches),
         unknown_expired=expired_unknown,
-        partitions_deleted=_purge_idle_partitions(d, conf.PURGE_BATCH_SIZE, max_batches),
+        partitions_deleted=_in_batches(idle_partitions_batch, batch, max_batches),
     )
 
 
-def _purge_idle_partitions(d: Dialect, batch: int, max_batches: int | None) -> int:
-    """Delete partition rows of chats with no job left, so the table does not grow forever.
-
-    A row locked by an enqueue in progress is skipped (SKIP LOCKED); an enqueue after the
-    delete simply creates the row again.
-    """
-    deleted = 0
-    batches = 0
+def _in_batches(step: Callable[[], int], batch: int, max_batches: int | None) -> int:
+    """Run ``step`` (one transaction each) until it handles less than a full batch."""
+    total = batches = 0
     while max_batches is None or batches < max_batches:
         with write_txn():
-            keys = [
-                r[0]
-                for r in fetchall(
-                    f"SELECT p.key FROM {P} p WHERE p.head_state = %s AND NOT EXISTS "
-                    f"(SELECT 1 FROM {J} j WHERE j.partition_key = p.key) "
-                    f"LIMIT %s{d.skip_locked}",
-                    [IDLE, batch],
-                )
-            ]
-            if keys:
-                execute(
-                    f"DELETE FROM {P} WHERE head_state = %s AND key IN {in_list(keys)}",
-                    [IDLE, *keys],
-                )
-        deleted += len(keys)
+            done = step()
+        total += done
         batches += 1
-        if len(keys) < batch:
+        if done < batch:
             break
-    return deleted
+    return total
 
 
 def new_worker_id() -> str:

@@ -7,7 +7,8 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -49,6 +50,66 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or condition}")
         time.sleep(0.005)  # polling interval of a condition wait, not synchronisation
+
+
+@contextmanager
+def held_open(fn: Callable[[], Any]) -> Iterator[Any]:
+    """Run ``fn`` in another thread inside a transaction, and keep that transaction open
+    (its locks held) until the block ends; yields what ``fn`` returned."""
+    holding, release = threading.Event(), threading.Event()
+    result: list[Any] = []
+    failed: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            with transaction.atomic():
+                result.append(fn())
+                holding.set()
+                release.wait(10)
+        except BaseException as exc:
+            failed.append(exc)
+            holding.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    try:
+        assert holding.wait(10), "the held transaction did not start"
+        if failed:
+            raise failed[0]
+        yield result[0]
+    finally:
+        release.set()
+        thread.join(10)
+
+
+class InThread:
+    """Run ``fn`` in another thread with its own connection; ``join()`` returns its result."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._result: list[Any] = []
+        self._failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(fn,))
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._result.append(fn())
+        except BaseException as exc:
+            self._failed.append(exc)
+        finally:
+            connections.close_all()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float = 10) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the thread did not finish"
+        if self._failed:
+            raise self._failed[0]
+        return self._result[0]
 
 
 def backends_waiting_on_locks() -> int:
@@ -142,35 +203,16 @@ def test_racing_enqueues_into_one_partition_are_claimed_in_commit_order() -> Non
 
 def test_an_enqueue_that_takes_its_sequence_first_commits_first() -> None:
     """B holds the partition; A must wait for B's commit before taking a sequence."""
-    b_ready, b_release = threading.Event(), threading.Event()
-    ids: dict[str, int] = {}
 
-    def enqueue_b() -> None:
-        with transaction.atomic():
-            ids["b"] = ledger.enqueue(
-                event_id="b", event_type="t", partition_key="p", payload={}
-            ).job_id
-            b_ready.set()
-            assert b_release.wait(10)
+    def enqueue(name: str) -> int:
+        return ledger.enqueue(event_id=name, event_type="t", partition_key="p", payload={}).job_id
 
-    def enqueue_a() -> None:
-        assert b_ready.wait(10)
-        ids["a"] = ledger.enqueue(event_id="a", event_type="t", partition_key="p", payload={})
-        ids["a"] = ids["a"].job_id  # type: ignore[attr-defined]
-
-    tb = threading.Thread(target=lambda: (enqueue_b(), connections.close_all()))
-    ta = threading.Thread(target=lambda: (enqueue_a(), connections.close_all()))
-    tb.start()
-    ta.start()
-    try:
+    with held_open(lambda: enqueue("b")) as b:
+        a = InThread(lambda: enqueue("a"))
         wait_for(lambda: backends_waiting_on_locks() >= 1, what="A to wait for B's lock")
-        assert "a" not in ids
-    finally:
-        b_release.set()
-        tb.join(10)
-        ta.join(10)
-    assert ids["b"] < ids["a"]
-    assert [j.id for j in ledger.claim("w", limit=5)] == [ids["b"]]
+        assert not a.done()
+    assert b < a.join()
+    assert [j.id for j in ledger.claim("w", limit=5)] == [b]
 
 
 def test_finish_racing_an_enqueue_never_orphans_the_new_job() -> None:
@@ -178,62 +220,26 @@ def test_finish_racing_an_enqueue_never_orphans_the_new_job() -> None:
     ledger.enqueue(event_id="head", event_type="t", partition_key="p", payload={})
     lease = ledger.claim("w")[0].lease
     connections.close_all()
-    holding, release = threading.Event(), threading.Event()
-    result: dict[str, Any] = {}
-
-    def enqueue_and_hold() -> None:
-        with transaction.atomic():
-            result["new"] = ledger.enqueue(
-                event_id="new", event_type="t", partition_key="p", payload={}
-            ).job_id
-            holding.set()
-            assert release.wait(10)
-
-    def finish_head() -> None:
-        assert holding.wait(10)
-        result["finish"] = ledger.finish(lease)
-
-    te = threading.Thread(target=lambda: (enqueue_and_hold(), connections.close_all()))
-    tf = threading.Thread(target=lambda: (finish_head(), connections.close_all()))
-    te.start()
-    tf.start()
-    try:
+    with held_open(
+        lambda: ledger.enqueue(event_id="new", event_type="t", partition_key="p", payload={})
+    ) as enqueued:
+        finishing = InThread(lambda: ledger.finish(lease))
         wait_for(lambda: backends_waiting_on_locks() >= 1, what="finish to wait for enqueue")
-    finally:
-        release.set()
-        te.join(10)
-        tf.join(10)
-    assert result["finish"] == "completed"
+    assert finishing.join() == "completed"
     part = Partition.objects.get(key="p")
-    assert (part.head_id, part.head_state) == (result["new"], "queued")
-    assert [j.id for j in ledger.claim("w2")] == [result["new"]]
+    assert (part.head_id, part.head_state) == (enqueued.job_id, "queued")
+    assert [j.id for j in ledger.claim("w2")] == [enqueued.job_id]
 
 
 def test_claimers_skip_locked_partitions_instead_of_waiting() -> None:
     for i in range(3):
         ledger.enqueue(event_id=f"e{i}", event_type="t", partition_key=f"p{i}", payload={})
-    holding, release = threading.Event(), threading.Event()
-    got: dict[str, list[int]] = {}
-
-    def hold_first_claim() -> None:
-        with transaction.atomic():
-            got["first"] = [j.id for j in ledger.claim("w1")]
-            holding.set()
-            assert release.wait(10)
-
-    t = threading.Thread(target=lambda: (hold_first_claim(), connections.close_all()))
-    t.start()
-    try:
-        assert holding.wait(10)
+    with held_open(lambda: [j.id for j in ledger.claim("w1")]) as first:
         started = time.monotonic()
-        got["second"] = [j.id for j in ledger.claim("w2", limit=5)]
+        second = [j.id for j in ledger.claim("w2", limit=5)]
         assert time.monotonic() - started < 5  # did not wait on the first claimer's locks
-    finally:
-        release.set()
-        t.join(10)
-    assert len(got["first"]) == 1
-    assert set(got["first"]).isdisjoint(got["second"])
-    assert len(got["second"]) == 2
+    assert len(first) == 1 and len(second) == 2
+    assert set(first).isdisjoint(second)
 
 
 def test_explain_claim_uses_the_partition_index_not_a_backlog_scan() -> None:
@@ -255,25 +261,10 @@ def test_explain_claim_uses_the_partition_index_not_a_backlog_scan() -> None:
 
 def test_purge_skips_a_partition_an_enqueue_holds() -> None:
     Partition.objects.create(key="quiet", head_state="idle")  # a chat whose jobs were purged
-    holding, release = threading.Event(), threading.Event()
-    ids: dict[str, int] = {}
-
-    def enqueue_and_hold() -> None:
-        with transaction.atomic():
-            ids["new"] = ledger.enqueue(
-                event_id="n", event_type="t", partition_key="quiet", payload={}
-            ).job_id
-            holding.set()
-            assert release.wait(10)
-
-    t = threading.Thread(target=lambda: (enqueue_and_hold(), connections.close_all()))
-    t.start()
-    try:
-        assert holding.wait(10)
+    with held_open(
+        lambda: ledger.enqueue(event_id="n", event_type="t", partition_key="quiet", payload={})
+    ) as enqueued:
         started = time.monotonic()
         assert ledger.purge().partitions_deleted == 0  # skipped, not waited for
         assert time.monotonic() - started < 5
-    finally:
-        release.set()
-        t.join(10)
-    assert [j.id for j in ledger.claim("w")] == [ids["new"]]
+    assert [j.id for j in ledger.claim("w")] == [enqueued.job_id]
