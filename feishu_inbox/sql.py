@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from django.db import connection, transaction
@@ -39,7 +39,7 @@ ERROR_MESSAGE_LIMIT = 4000
 
 
 def _sqlite_now(offset_seconds: float | None) -> str:
-    when = datetime.now(UTC) + timedelta(seconds=offset_seconds or 0)
+    when = datetime.now(timezone.utc) + timedelta(seconds=offset_seconds or 0)
     return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
 
 
@@ -169,7 +169,7 @@ def aware(value: Any) -> Any:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     if isinstance(value, datetime) and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+        value = value.replace(tzinfo=timezone.utc)
     return value
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from .models import BLOCKING, Status
@@ -46,7 +46,7 @@ def database_now() -> datetime:
     """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
     d = dialect()
     if not d.pg:
-        return datetime.now(UTC)
+        return datetime.now(timezone.utc)
     return fetchall("SELECT now()")[0][0]
 
 
