@@ -32,6 +32,19 @@ def sign(timestamp: str, nonce: str, key: str, body: bytes) -> str:
     return hashlib.sha256((timestamp + nonce + key).encode() + body).hexdigest()
 
 
+def signed_headers(
+    body: bytes, key: str = ENCRYPT_KEY, timestamp: str | None = None, nonce: str | None = None
+) -> dict[str, str]:
+    """The three signature headers Feishu sends with ``body``."""
+    ts = timestamp or str(int(time.time()))
+    nc = nonce or uuid.uuid4().hex[:16]
+    return {
+        "X-Lark-Request-Timestamp": ts,
+        "X-Lark-Request-Nonce": nc,
+        "X-Lark-Signature": sign(ts, nc, key, body),
+    }
+
+
 def message_event(
     *,
     event_id: str | None = None,
@@ -84,15 +97,7 @@ def delivery(
     body = json.dumps({"encrypt": encrypt(key, raw)}).encode()
     headers = {"Content-Type": "application/json"}
     if signed:
-        ts = timestamp or str(int(time.time()))
-        nc = nonce or uuid.uuid4().hex[:16]
-        headers.update(
-            {
-                "X-Lark-Request-Timestamp": ts,
-                "X-Lark-Request-Nonce": nc,
-                "X-Lark-Signature": sign(ts, nc, key, body),
-            }
-        )
+        headers.update(signed_headers(body, key, timestamp, nonce))
     return body, headers
 
 

@@ -25,6 +25,7 @@ from .feishu_client import (
     encrypt,
     message_event,
     sign,
+    signed_headers,
 )
 
 APPS = {
@@ -236,28 +237,10 @@ def _bad(case: str) -> tuple[bytes, dict[str, str], str]:
         return *delivery(message_event(token="nope"), key=None), "/feishu/plain/events/"
     if case == "undecryptable":
         body = json.dumps({"encrypt": encrypt("another key", json.dumps(good).encode())}).encode()
-        ts, nonce = str(int(time.time())), "n"
-        return (
-            body,
-            {
-                "X-Lark-Request-Timestamp": ts,
-                "X-Lark-Request-Nonce": nonce,
-                "X-Lark-Signature": sign(ts, nonce, ENCRYPT_KEY, body),
-            },
-            URL,
-        )
+        return body, signed_headers(body), URL
     if case == "not_base64":
         body = b'{"encrypt": "***"}'
-        ts, nonce = str(int(time.time())), "n"
-        return (
-            body,
-            {
-                "X-Lark-Request-Timestamp": ts,
-                "X-Lark-Request-Nonce": nonce,
-                "X-Lark-Signature": sign(ts, nonce, ENCRYPT_KEY, body),
-            },
-            URL,
-        )
+        return body, signed_headers(body), URL
     if case == "plaintext_to_encrypted_app":
         return *delivery(good, key=None), URL
     if case == "unknown_app":
