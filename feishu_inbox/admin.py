@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -18,20 +17,19 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import ngettext
 
-from . import handlers, ledger, sql
+from . import handlers, ledger
 from .conf import inbox_settings
-from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
+from .models import BLOCKING, Attempt, EventJob, Partition, Status
+from .stats import dashboard
 
 STATUS_COLOURS: dict[str, str] = {
     Status.QUEUED: "#2563eb",
@@ -425,70 +423,41 @@ class EventJobAdmin(admin.ModelAdmin):
 
 
 def dashboard_data() -> dict[str, Any]:
-    """Everything the dashboard shows, from indexed queries only."""
-    stats = ledger.stats()
-    now = timezone.now()
-    running = [
-        {
-            "id": j.pk,
-            "event_type": j.event_type,
-            "partition": j.partition_key,
-            "worker": j.worker_id,
-            "lease_until": j.lease_until.isoformat() if j.lease_until else None,
-            "url": reverse("admin:feishu_inbox_eventjob_change", args=[j.pk]),
-        }
-        for j in EventJob.objects.running()
-        .only("id", "event_type", "partition_key", "worker_id", "lease_until")
-        .order_by("lease_until")[:20]
-    ]
-    blocked_parts = list(
-        Partition.objects.filter(
-            head_state__in=[PartitionState.FAILED, PartitionState.UNKNOWN]
-        ).order_by("head_id")[:20]
-    )
-    heads = EventJob.objects.only("id", "event_type", "error_type", "status").in_bulk(
-        [p.head_id for p in blocked_parts]
-    )
-    waiting = dict(
-        EventJob.objects.filter(partition_key__in=[p.key for p in blocked_parts])
-        .unresolved()
-        .values_list("partition_key")
-        .annotate(n=Count("id"))
-    )
-    blocked = []
+    """The dashboard's read model (``stats.dashboard``) as JSON, with links to act."""
+    board = dashboard()
     changelist = reverse("admin:feishu_inbox_eventjob_changelist")
-    for p in blocked_parts:
-        head = heads.get(p.head_id)
-        blocked.append(
+
+    def job_url(job_id: int) -> str:
+        return reverse("admin:feishu_inbox_eventjob_change", args=[job_id])
+
+    return {
+        **board.stats.as_dict(),
+        "running": [
+            {
+                "id": j.pk,
+                "event_type": j.event_type,
+                "partition": j.partition_key,
+                "worker": j.worker_id,
+                "lease_until": j.lease_until.isoformat() if j.lease_until else None,
+                "url": job_url(j.pk),
+            }
+            for j in board.running
+        ],
+        "blocked": [
             {
                 "partition": p.key,
                 "head_id": p.head_id,
-                "state": p.head_state,
-                "event_type": head.event_type if head else "",
-                "error_type": head.error_type if head else "",
-                "waiting": max(waiting.get(p.key, 1) - 1, 0),
-                "url": reverse("admin:feishu_inbox_eventjob_change", args=[p.head_id]),
-                "act_url": f"{changelist}?{urlencode({'status__exact': p.head_state, 'q': p.key})}",
+                "state": p.state,
+                "event_type": p.event_type,
+                "error_type": p.error_type,
+                "waiting": p.waiting,
+                "url": job_url(p.head_id),
+                "act_url": f"{changelist}?{urlencode({'status__exact': p.state, 'q': p.key})}",
             }
-        )
-    since = now - timedelta(minutes=10)
-    per_minute = {i: 0 for i in range(10)}
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT ended_at FROM {Attempt._meta.db_table} WHERE ended_at >= %s AND outcome = %s",
-            [since, Status.COMPLETED],
-        )
-        for (ended,) in cur.fetchall():
-            ended = sql.aware(ended)
-            minute = int((now - ended).total_seconds() // 60)
-            if 0 <= minute < 10:
-                per_minute[minute] += 1
-    return {
-        **stats.as_dict(),
-        "running": running,
-        "blocked": blocked,
-        "throughput_per_minute": [per_minute[i] for i in range(9, -1, -1)],
-        "generated_at": now.isoformat(),
+            for p in board.blocked
+        ],
+        "throughput_per_minute": board.completions_per_minute,
+        "generated_at": board.generated_at.isoformat(),
     }
 
 

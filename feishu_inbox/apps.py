@@ -11,7 +11,10 @@ class FeishuInboxConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            store,  # noqa: F401  (prepares each new database connection)
+        )
         from .conf import inbox_settings
         from .handlers import load_modules
 

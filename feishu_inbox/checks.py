@@ -9,6 +9,7 @@ from django.db import connections
 
 from .conf import inbox_settings, unknown_keys
 from .errors import ConfigurationError
+from .store import store_for
 
 
 @register(Tags.compatibility)
@@ -43,25 +44,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 @register(Tags.compatibility)  # reads settings only: runs without --database
-def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """A web process and a worker share a SQLite file safely only with these options."""
-    db = connections["default"].settings_dict
-    if db["ENGINE"] != "django.db.backends.sqlite3":
-        return []
-    options = db.get("OPTIONS", {})
-    problems = []
-    if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
-        problems.append("OPTIONS['transaction_mode'] = 'IMMEDIATE'")
-    if not options.get("timeout"):
-        problems.append("OPTIONS['timeout'] (busy timeout in seconds, e.g. 20)")
-    if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
-        problems.append("OPTIONS['init_command'] containing 'PRAGMA journal_mode=WAL'")
+def check_database_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A web process and a worker share the database safely only with some options (SQLite)."""
+    default = connections["default"]
+    found = store_for(default.vendor)
+    problems = found.settings_problems(default.settings_dict) if found else []
     if not problems:
         return []
     return [
         Warning(
-            "The SQLite database is not set up for a web process and a worker at once; "
-            "expect 'database is locked' errors.",
+            f"The {default.display_name} database is not set up for a web process and a "
+            "worker at once; expect 'database is locked' errors.",
             hint="Set " + ", ".join(problems) + " in DATABASES['default'].",
             id="feishu_inbox.W002",
         )

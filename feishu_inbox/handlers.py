@@ -84,19 +84,6 @@ def load_modules(modules: list[str]) -> None:
             _problems.append(f"handler module {name!r} cannot be imported: {exc}")
 
 
-def _reset_for_tests() -> tuple[dict[str, list[Handler]], list[str]]:
-    saved = ({k: list(v) for k, v in _registry.items()}, list(_problems))
-    _registry.clear()
-    _problems.clear()
-    return saved
-
-
-def _restore_for_tests(saved: tuple[dict[str, list[Handler]], list[str]]) -> None:
-    _registry.clear()
-    _registry.update(saved[0])
-    _problems[:] = saved[1]
-
-
 # --- what a running handler sees --------------------------------------------------------------
 
 

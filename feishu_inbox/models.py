@@ -5,7 +5,7 @@
                so a claim reads one small index instead of the backlog (DESIGN-NOTES).
 ``Attempt``    one row per ended attempt: the history an operator reads in admin.
 
-State changes happen only in ``ledger.py``.
+State changes happen only through ``ledger.py`` (its SQL lives in ``store/``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ class Status(models.TextChoices):
     UNKNOWN = "unknown", "unknown"
 
 
-#: States a worker may claim.
-CLAIMABLE = (Status.QUEUED, Status.RETRY_WAIT)
 #: States that hold their partition until an operator acts.
 BLOCKING = (Status.FAILED, Status.UNKNOWN)
 
@@ -38,23 +36,11 @@ class Resolution(models.TextChoices):
 
 
 class EventJobQuerySet(models.QuerySet["EventJob"]):
-    def queued(self) -> EventJobQuerySet:
-        return self.filter(status=Status.QUEUED)
-
     def running(self) -> EventJobQuerySet:
         return self.filter(status=Status.RUNNING)
 
-    def retry_wait(self) -> EventJobQuerySet:
-        return self.filter(status=Status.RETRY_WAIT)
-
     def completed(self) -> EventJobQuerySet:
         return self.filter(status=Status.COMPLETED)
-
-    def failed(self) -> EventJobQuerySet:
-        return self.filter(status=Status.FAILED)
-
-    def unknown(self) -> EventJobQuerySet:
-        return self.filter(status=Status.UNKNOWN)
 
     def unresolved(self) -> EventJobQuerySet:
         return self.exclude(status=Status.COMPLETED)
@@ -153,10 +139,6 @@ class EventJob(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.event_type} [{self.status}]"
-
-    @property
-    def blocks_partition(self) -> bool:
-        return self.status in BLOCKING
 
 
 class PartitionState(models.TextChoices):

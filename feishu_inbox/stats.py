@@ -1,37 +1,30 @@
-"""Reading the ledger: the next wake-up, and the statistics operators and the dashboard see."""
+"""Reading the ledger: the next wake-up, the statistics operators see, and the dashboard's data.
+
+Every figure comes from an indexed query: the dashboard refreshes every few seconds on a ledger
+of millions of rows and must never scan it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
-from .models import BLOCKING, Status
-from .sql import (
-    CLAIMABLE_SQL,
-    COMPLETED,
-    RUNNING,
-    J,
-    P,
-    aware,
-    dialect,
-    fetchall,
-    in_list,
-)
+from django.db.models import Count
+from django.utils import timezone
+
+from .models import BLOCKING, Attempt, EventJob, Partition, Status
+from .store import store
 
 
 def next_wakeup() -> datetime | None:
     """The earliest time a claim may find work: a due head or a lease to expire."""
-    rows = fetchall(
-        f"""
-        SELECT MIN(t) FROM (
-            SELECT MIN(head_due_at) AS t FROM {P} WHERE head_state IN {CLAIMABLE_SQL}
-            UNION ALL
-            SELECT MIN(lease_until) AS t FROM {J} WHERE status = '{RUNNING}'
-        ) AS w
-        """
-    )
-    return aware(rows[0][0])
+    return store().next_wakeup()
+
+
+def database_now() -> datetime:
+    """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
+    return store().now()
 
 
 def seconds_until_wakeup() -> float | None:
@@ -40,14 +33,6 @@ def seconds_until_wakeup() -> float | None:
     if wake is None:
         return None
     return (wake - database_now()).total_seconds()
-
-
-def database_now() -> datetime:
-    """The database's clock (PostgreSQL); the local clock on SQLite (same host)."""
-    d = dialect()
-    if not d.pg:
-        return datetime.now(timezone.utc)
-    return fetchall("SELECT now()")[0][0]
 
 
 @dataclass(frozen=True)
@@ -73,7 +58,7 @@ class Stats:
         }
 
 
-#: Above this many rows (PostgreSQL's estimate) the completed count is estimated, not counted.
+#: Above this many rows (the database's estimate) the completed count is estimated, not counted.
 EXACT_COUNT_LIMIT = 200_000
 
 
@@ -84,59 +69,102 @@ def stats() -> Stats:
     partition's head); ``delayed``: retry-wait jobs not yet due; ``oldest_due_age_seconds``:
     how long the oldest claimable head has been due (how far workers lag).
     """
-    d = dialect()
+    ledger_store = store()
+    # Unresolved states are few and counted exactly; completed jobs are counted exactly only
+    # while the ledger is small, else estimated (no full scan on every dashboard refresh).
     counts = {s.value: 0 for s in Status}
-    # Unresolved states are few and counted exactly through the status index; completed jobs
-    # are counted exactly only while the ledger is small, else estimated (no full scan on
-    # every dashboard refresh).
-    unresolved = [s.value for s in Status if s != Status.COMPLETED]
-    for status, n in fetchall(
-        f"SELECT status, COUNT(*) FROM {J} WHERE status IN {in_list(unresolved)} GROUP BY status",
-        unresolved,
-    ):
-        counts[status] = n
-    estimated = False
-    rows_estimate = -1
-    if d.pg:
-        rows_estimate = int(
-            fetchall("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [J])[0][0]
-        )
-    if rows_estimate > EXACT_COUNT_LIMIT:
-        counts[COMPLETED] = max(0, rows_estimate - sum(counts.values()))
-        estimated = True
+    counts.update(ledger_store.count_unresolved())
+    rows_estimate = ledger_store.estimate_jobs()
+    estimated = rows_estimate is not None and rows_estimate > EXACT_COUNT_LIMIT
+    if rows_estimate is not None and estimated:
+        counts[Status.COMPLETED] = max(0, rows_estimate - sum(counts.values()))
     else:
-        counts[COMPLETED] = fetchall(f"SELECT COUNT(*) FROM {J} WHERE status = %s", [COMPLETED])[0][
-            0
-        ]
-    due, delayed = fetchall(
-        f"""
-        SELECT COALESCE(SUM(CASE WHEN available_at <= {d.now} THEN 1 ELSE 0 END), 0),
-               COALESCE(SUM(CASE WHEN available_at > {d.now} THEN 1 ELSE 0 END), 0)
-        FROM {J} WHERE status IN {CLAIMABLE_SQL}
-        """
-    )[0]
-    now = database_now()
-    oldest = fetchall(
-        f"SELECT MIN(head_due_at) FROM {P} WHERE head_state IN {CLAIMABLE_SQL} "
-        f"AND head_due_at <= {d.now}"
-    )[0][0]
-    oldest = aware(oldest)
-    blocked_states = tuple(s.value for s in BLOCKING)
-    per_state = dict(
-        fetchall(
-            f"SELECT head_state, COUNT(*) FROM {P} WHERE head_state IN {in_list(blocked_states)} "
-            f"OR head_state = %s GROUP BY head_state",
-            [*blocked_states, RUNNING],
-        )
-    )
+        counts[Status.COMPLETED] = ledger_store.count_completed()
+    due, delayed = ledger_store.due_and_delayed()
+    oldest = ledger_store.oldest_due()
+    now = ledger_store.now()
+    per_state = ledger_store.blocked_and_running_partitions()
     return Stats(
         counts=counts,
-        due=int(due),
-        delayed=int(delayed),
+        due=due,
+        delayed=delayed,
         oldest_due_age_seconds=(
             None if oldest is None else max(0.0, (now - oldest).total_seconds())
         ),
-        blocked_partitions=sum(per_state.get(s, 0) for s in blocked_states),
-        running_partitions=per_state.get(RUNNING, 0),
+        blocked_partitions=sum(per_state.get(s, 0) for s in BLOCKING),
+        running_partitions=per_state.get(Status.RUNNING, 0),
         completed_estimated=estimated,
+    )
+
+
+# --- the admin dashboard's read model ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockedPartition:
+    key: str
+    head_id: int
+    state: str
+    event_type: str
+    error_type: str
+    #: Unresolved jobs waiting behind the head.
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    stats: Stats
+    running: list[EventJob]
+    blocked: list[BlockedPartition]
+    #: Completed attempts per minute over the last ten minutes, oldest first.
+    completions_per_minute: list[int]
+    generated_at: datetime
+
+
+def dashboard(*, shown: int = 20, minutes: int = 10) -> Dashboard:
+    """Everything the dashboard shows, from indexed queries only."""
+    now = timezone.now()
+    running = list(
+        EventJob.objects.running()
+        .only("id", "event_type", "partition_key", "worker_id", "lease_until")
+        .order_by("lease_until")[:shown]
+    )
+    blocked_rows = list(
+        Partition.objects.filter(head_state__in=BLOCKING).order_by("head_id")[:shown]
+    )
+    heads = EventJob.objects.only("id", "event_type", "error_type", "status").in_bulk(
+        [p.head_id for p in blocked_rows]
+    )
+    waiting = dict(
+        EventJob.objects.filter(partition_key__in=[p.key for p in blocked_rows])
+        .unresolved()
+        .values_list("partition_key")
+        .annotate(n=Count("id"))
+    )
+    blocked = []
+    for p in blocked_rows:
+        head = heads.get(p.head_id or 0)
+        blocked.append(
+            BlockedPartition(
+                key=p.key,
+                head_id=p.head_id or 0,
+                state=p.head_state,
+                event_type=head.event_type if head else "",
+                error_type=head.error_type if head else "",
+                waiting=max(waiting.get(p.key, 1) - 1, 0),
+            )
+        )
+    per_minute = [0] * minutes
+    for ended in Attempt.objects.filter(
+        ended_at__gte=now - timedelta(minutes=minutes), outcome=Status.COMPLETED
+    ).values_list("ended_at", flat=True):
+        minute = int((now - ended).total_seconds() // 60)
+        if 0 <= minute < minutes:
+            per_minute[minutes - 1 - minute] += 1
+    return Dashboard(
+        stats=stats(),
+        running=running,
+        blocked=blocked,
+        completions_per_minute=per_minute,
+        generated_at=now,
     )

@@ -7,7 +7,8 @@ Threads:
   handlers run on one event loop thread instead, so sync ones never block it;
 - a heartbeat thread renews leases every third of the lease and watches private jobs for a
   newer message (SPEC §4); a failed renewal marks the job lost and frees its slot;
-- on PostgreSQL a listener thread with its own connection LISTENs for enqueues.
+- a listener thread waits for the database's wake-ups (PostgreSQL: LISTEN on its own
+  connection); on SQLite it ends at once and the main thread polls.
 
 Signals: the first SIGTERM/SIGINT stops claiming and lets handlers finish for ``grace_seconds``,
 then hands back the jobs that started no effect; a second one exits at once (leases expire).
@@ -29,9 +30,10 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, connections
 
-from . import handlers, ledger, sql
+from . import handlers, ledger
 from .conf import checked_settings
 from .errors import InvalidState, LeaseLost, Superseded
+from .store import store
 
 log = logging.getLogger("feishu_inbox.worker")
 
@@ -118,6 +120,56 @@ class _AsyncRunner:
         return asyncio.run_coroutine_threadsafe(coro_fn(), self._loop).result()
 
 
+class _Slots:
+    """Which jobs hold this worker's slots, and how many jobs it has claimed.
+
+    A slot is taken in ``take`` (a claim) and freed in ``free`` only: when its job ends (the
+    slot passing to the job its finish claimed, if any), or at once when the job's lease is
+    lost. A job claimed by a finish always runs, even if the finished one lost its slot
+    meanwhile.
+    """
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._held: dict[int, handlers.JobContext] = {}
+        #: Jobs claimed so far (``--max-jobs``), reservations for finishes included.
+        self.claimed = 0
+
+    def take(self, ctx: handlers.JobContext) -> None:
+        with self._lock:
+            self._held[ctx.event.job_id] = ctx
+            self.claimed += 1
+
+    def free(self, ctx: handlers.JobContext, successor: handlers.JobContext | None = None) -> None:
+        with self._lock:
+            if self._held.get(ctx.event.job_id) is ctx:
+                del self._held[ctx.event.job_id]
+            if successor is not None:
+                self._held[successor.event.job_id] = successor
+        self._wake.set()
+
+    def reserve(self, max_jobs: int | None) -> int:
+        """One more claim, for a finish that claims its slot's next job; 0 at --max-jobs."""
+        with self._lock:
+            if max_jobs is not None and self.claimed >= max_jobs:
+                return 0
+            self.claimed += 1
+            return 1
+
+    def unreserve(self, count: int) -> None:
+        with self._lock:
+            self.claimed -= count
+
+    def held(self) -> list[handlers.JobContext]:
+        with self._lock:
+            return list(self._held.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+
 class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         conf = checked_settings()
@@ -132,12 +184,10 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
-        self._lock = threading.Lock()
-        self._active: dict[int, handlers.JobContext] = {}  # jobs holding a slot
+        self._slots = _Slots(self._wake)
         self._pool = _Pool()
         self._async = _AsyncRunner()
         self._listening = False
-        self._claimed = 0
         self._signals = 0
         self.outcomes: dict[str, int] = {}
 
@@ -147,8 +197,7 @@ class Worker:
         previous = self._install_signals()
         heartbeat = threading.Thread(target=self._heartbeat, name="feishu-heartbeat", daemon=True)
         heartbeat.start()
-        if connection.vendor == "postgresql":
-            threading.Thread(target=self._listen, name="feishu-listen", daemon=True).start()
+        threading.Thread(target=self._listen, name="feishu-listen", daemon=True).start()
         log.info(
             "worker %s started: concurrency %s, lease %ss, handlers for %s",
             self.worker_id,
@@ -169,10 +218,10 @@ class Worker:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            free = self.options.concurrency - self._occupied()
+            free = self.options.concurrency - len(self._slots)
             if self.options.max_jobs is not None:
-                free = min(free, self.options.max_jobs - self._claimed)
-                if free <= 0 and self._claimed >= self.options.max_jobs:
+                free = min(free, self.options.max_jobs - self._slots.claimed)
+                if free <= 0 and self._slots.claimed >= self.options.max_jobs:
                     break
             claimed = []
             if free > 0:
@@ -181,7 +230,7 @@ class Worker:
                     self._start(job)
                 if claimed:
                     continue
-                if self.options.burst and self._occupied() == 0:
+                if self.options.burst and not self._slots:
                     break  # nothing is due and nothing of ours runs
             self._sleep(free > 0)
             self._wake.clear()
@@ -210,10 +259,6 @@ class Worker:
                 timeout = min(longest, max(MIN_SLEEP, until))
         self._wake.wait(timeout)
 
-    def _occupied(self) -> int:
-        with self._lock:
-            return len(self._active)
-
     # --- one job -----------------------------------------------------------------------------
 
     def _context(self, job: ledger.ClaimedJob) -> handlers.JobContext:
@@ -227,30 +272,12 @@ class Worker:
             attempt=job.lease.attempt,
             private_message=job.private_message,
         )
-        return handlers.JobContext(lease=job.lease, event=event, on_lost=self._release)
+        return handlers.JobContext(lease=job.lease, event=event, on_lost=self._slots.free)
 
     def _start(self, job: ledger.ClaimedJob) -> None:
         ctx = self._context(job)
-        with self._lock:
-            self._active[job.id] = ctx
-            self._claimed += 1
+        self._slots.take(ctx)
         self._pool.submit(lambda: self._run_job(ctx))
-
-    def _release(self, ctx: handlers.JobContext) -> None:
-        with self._lock:
-            if self._active.get(ctx.event.job_id) is ctx:
-                del self._active[ctx.event.job_id]
-        self._wake.set()
-
-    def _reserve(self) -> int:
-        """One more claim for a slot that is about to free up, unless stopping or at max."""
-        with self._lock:
-            if self._stop.is_set():
-                return 0
-            if self.options.max_jobs is not None and self._claimed >= self.options.max_jobs:
-                return 0
-            self._claimed += 1
-            return 1
 
     def _run_job(self, ctx: handlers.JobContext | None) -> None:
         """Run a job; while its slot's next claim succeeds, run that one too on this thread."""
@@ -276,16 +303,8 @@ class Worker:
             _check_connection(force=True)
             outcome = "database_error"
         finally:
-            with self._lock:
-                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-                if following is not None:
-                    # The slot passes to the job its finish claimed. That job is ours even if
-                    # this one was marked lost meanwhile (its slot already freed): it must run.
-                    if self._active.get(event.job_id) is ctx:
-                        del self._active[event.job_id]
-                    self._active[following.event.job_id] = following
-            if following is None:
-                self._release(ctx)
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            self._slots.free(ctx, successor=following)
             log.info(
                 "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
                 event.job_id,
@@ -303,7 +322,7 @@ class Worker:
     ) -> tuple[str, handlers.JobContext | None]:
         """Finish the job and, on the same round trip, claim this slot's next one."""
         ctx.ensure_alive()
-        reserved = self._reserve()
+        reserved = 0 if self._stop.is_set() else self._slots.reserve(self.options.max_jobs)
         try:
             status, jobs = ledger.finish_and_claim(
                 ctx.lease,
@@ -313,13 +332,9 @@ class Worker:
                 note=note,
             )
         except BaseException:
-            if reserved:
-                with self._lock:
-                    self._claimed -= 1
+            self._slots.unreserve(reserved)
             raise
-        if reserved and not jobs:
-            with self._lock:
-                self._claimed -= 1
+        self._slots.unreserve(reserved - len(jobs))
         label = status + (" (Superseded)" if superseded else f" ({note})" if note else "")
         return label, self._context(jobs[0]) if jobs else None
 
@@ -362,8 +377,7 @@ class Worker:
     def _heartbeat(self) -> None:
         renew_every = self.lease_seconds / 3
         while not self._done.is_set():
-            with self._lock:
-                contexts = list(self._active.values())
+            contexts = self._slots.held()
             watching_private = False
             for ctx in contexts:
                 if ctx.lost.is_set():
@@ -400,27 +414,11 @@ class Worker:
     # --- wake-ups ----------------------------------------------------------------------------
 
     def _listen(self) -> None:
-        import psycopg
+        """Wake-ups pushed by the database (PostgreSQL's NOTIFY); SQLite has none: we poll."""
+        store().listen(self._wake.set, self._done, self._set_listening)
 
-        params = {
-            k: v
-            for k, v in connection.get_connection_params().items()
-            if k not in ("cursor_factory", "context", "prepare_threshold", "client_encoding")
-        }
-        while not self._done.is_set():
-            try:
-                with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
-                    self._listening = True
-                    self._wake.set()  # anything enqueued before we listened
-                    while not self._done.is_set():
-                        for _ in conn.notifies(timeout=5.0, stop_after=1):
-                            self._wake.set()
-            except psycopg.Error as exc:
-                self._listening = False
-                log.warning("LISTEN connection failed (%s); polling until it is back", exc)
-                self._done.wait(1.0)
-        self._listening = False
+    def _set_listening(self, listening: bool) -> None:
+        self._listening = listening
 
     # --- shutdown ----------------------------------------------------------------------------
 
@@ -457,16 +455,14 @@ class Worker:
         # A natural end (--burst, --max-jobs) waits for running handlers however long they
         # take; only a stop request (a signal) limits them to the grace period.
         if not self._stop.is_set():
-            while self._occupied() and not self._stop.is_set():
+            while self._slots and not self._stop.is_set():
                 self._wake.wait(1.0)
                 self._wake.clear()
         deadline = time.monotonic() + self.options.grace_seconds
-        while self._occupied() and time.monotonic() < deadline:
+        while self._slots and time.monotonic() < deadline:
             self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
-        with self._lock:
-            left = list(self._active.values())
-        for ctx in left:
+        for ctx in self._slots.held():
             if ctx.effects_started:
                 log.warning(
                     "job %s is inside an effect past the grace period; its lease will "

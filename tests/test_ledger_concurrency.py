@@ -16,6 +16,7 @@ from django.db import connection, connections, transaction
 
 from feishu_inbox import ledger
 from feishu_inbox.models import Attempt, EventJob, Partition
+from feishu_inbox.store.schema import JOB_TABLE, PARTITION_TABLE
 
 from .ledger_helpers import assert_mirror_consistent
 
@@ -249,14 +250,14 @@ def test_explain_claim_uses_the_partition_index_not_a_backlog_scan() -> None:
         cur.execute("ANALYZE")
         cur.execute("SET enable_seqscan = off")  # tiny tables: ask what the plan can use
         cur.execute(
-            f"EXPLAIN SELECT key, head_id FROM {ledger.P} "
+            f"EXPLAIN SELECT key, head_id FROM {PARTITION_TABLE} "
             f"WHERE head_state IN ('queued', 'retry_wait') AND head_due_at <= now() "
             "ORDER BY head_id LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         plan = "\n".join(r[0] for r in cur.fetchall())
         cur.execute("RESET enable_seqscan")
     assert "feishu_inbox_part_claimable" in plan, plan
-    assert ledger.J not in plan  # the claim never reads the job backlog
+    assert JOB_TABLE not in plan  # the claim never reads the job backlog
 
 
 def test_purge_skips_a_partition_an_enqueue_holds() -> None:

@@ -1,0 +1,129 @@
+"""The ledger's storage: one interface, one implementation per database.
+
+``ledger.py`` says what each operation means (its checks, fencing rules and errors) and calls
+``store()`` to run it. A store runs each operation as one transaction of named queries from its
+``.sql`` file (``postgres.sql``, ``sqlite.sql``: the same names, side by side); PostgreSQL's hot
+operations call stored functions (``functions/``), loaded by migrations.
+
+The store is chosen once per connection vendor; nothing outside this package asks which
+database it runs on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.db import connection
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+from ..errors import ConfigurationError
+from .base import Fence, Row, SqlStore, Transition
+
+
+class Store(Protocol):
+    """The operations a database offers the ledger; each is one transaction."""
+
+    def prepare_connection(self, connection: BaseDatabaseWrapper) -> None: ...
+    def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]: ...
+    def listen(
+        self, wake: Callable[[], None], done: threading.Event, listening: Callable[[bool], None]
+    ) -> None: ...
+
+    # the hot path
+    def enqueue(self, job: dict[str, Any]) -> Row: ...
+    def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]: ...
+    def finish(self, fence: Fence, error_type: str) -> str | None: ...
+    def fail(
+        self,
+        fence: Fence,
+        *,
+        error_type: str,
+        message: str,
+        max_attempts: int,
+        retry_in: float,
+    ) -> str | None: ...
+    def finish_and_claim(
+        self,
+        fence: Fence,
+        error_type: str,
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+    ) -> tuple[str | None, list[Row]]: ...
+
+    # the lease holder's other calls
+    def renew(self, fence: Fence, lease_seconds: float) -> datetime | None: ...
+    def begin_effect(self, fence: Fence) -> bool: ...
+    def end_effect(self, fence: Fence, *, uncertain: bool) -> bool: ...
+    def hand_back(self, fence: Fence) -> str | None: ...
+    def lease_state(self, job_id: int) -> Row | None: ...
+    def newer_private_waiting(self, partition_key: str, job_id: int) -> bool: ...
+
+    # recovery, operators, retention
+    def expire_leases(self, *, max_attempts: int, limit: int) -> list[Row]: ...
+    def transition(
+        self, name: str, job_id: int, *, from_status: str, resolution: str
+    ) -> Transition: ...
+    def unknown_past_retention(self, seconds: float) -> list[int]: ...
+    def purge_completed(self, seconds: float, limit: int) -> int: ...
+    def purge_idle_partitions(self, limit: int) -> int: ...
+
+    # reads
+    def now(self) -> datetime: ...
+    def next_wakeup(self) -> datetime | None: ...
+    def count_unresolved(self) -> dict[str, int]: ...
+    def count_completed(self) -> int: ...
+    def estimate_jobs(self) -> int | None: ...
+    def due_and_delayed(self) -> tuple[int, int]: ...
+    def oldest_due(self) -> datetime | None: ...
+    def blocked_and_running_partitions(self) -> dict[str, int]: ...
+
+
+_stores: dict[str, Store | None] = {}
+
+
+def store_for(vendor: str) -> Store | None:
+    """The store for a database vendor (made once), or None for a database we do not run on."""
+    if vendor not in _stores:
+        _stores[vendor] = _make(vendor)
+    return _stores[vendor]
+
+
+def _make(vendor: str) -> Store | None:
+    if vendor == "postgresql":
+        from .postgres import PostgresStore
+
+        return PostgresStore()
+    if vendor == "sqlite":
+        from .sqlite import SqliteStore
+
+        return SqliteStore()
+    return None
+
+
+def store() -> Store:
+    """The store for the default connection's database."""
+    found = store_for(connection.vendor)
+    if found is None:
+        raise ConfigurationError(
+            f"feishu_inbox supports PostgreSQL and SQLite, not {connection.vendor}.",
+            fix="Point DATABASES['default'] at PostgreSQL (production) or SQLite.",
+        )
+    return found
+
+
+def _prepare_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Let the store of a new connection's database prepare it (SQLite: its clock)."""
+    found = store_for(connection.vendor)
+    if found is not None:
+        found.prepare_connection(connection)
+
+
+connection_created.connect(_prepare_connection, dispatch_uid="feishu_inbox.store")
+
+__all__ = ["Fence", "Row", "SqlStore", "Store", "Transition", "store"]

@@ -1,0 +1,271 @@
+"""What both stores share: running named queries, and the operations composed of them.
+
+Each operation here is one transaction of queries that both ``.sql`` files define under the same
+names; where the databases differ, the difference is in the SQL, not here. The PostgreSQL store
+replaces the hot operations (enqueue, claim, end of attempt) with one stored-function call each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .queries import Query, load
+
+#: A row read by a named query: column name → value.
+Row = dict[str, Any]
+
+
+class Fence(Protocol):
+    """What a lease holder proves on every call (``ledger.Lease``)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def partition_key(self) -> str: ...
+
+
+def fence_params(fence: Fence) -> dict[str, Any]:
+    return {
+        "job_id": fence.job_id,
+        "worker_id": fence.worker_id,
+        "token": fence.token,
+        "partition_key": fence.partition_key,
+    }
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What an operator transition found: no such job, a job in another state, or done."""
+
+    found: bool
+    changed: bool = False
+    #: The job's status when the transition was refused.
+    status: str = ""
+
+
+def aware(value: Any) -> Any:
+    """A timestamp read by raw SQL as an aware datetime (SQLite gives text or naive UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value
+
+
+class SqlStore:
+    """Runs the named queries of one ``.sql`` file; composes the operations both share."""
+
+    query_file = ""
+
+    def __init__(self) -> None:
+        self.queries: dict[str, Query] = load(self.query_file)
+
+    # --- how statements run (each store says how its database takes them) --------------------
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """One ledger transaction."""
+        return transaction.atomic()
+
+    def write(self) -> AbstractContextManager[None]:
+        """A single writing statement outside a transaction (autocommit)."""
+        return _nothing()
+
+    def adapt(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Parameters as the database driver takes them."""
+        return params
+
+    def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        with connection.cursor() as cursor:
+            cursor.execute(self.queries[name].sql, self.adapt(params or {}))
+            if cursor.description is None:
+                return []
+            columns = [c[0] for c in cursor.description]
+            return [dict(zip(columns, values, strict=True)) for values in cursor.fetchall()]
+
+    def row(self, name: str, params: Mapping[str, Any] | None = None) -> Row | None:
+        found = self.rows(name, params)
+        return found[0] if found else None
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(self.queries[name].sql, self.adapt(params or {}))
+            return int(cursor.rowcount)
+
+    def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:
+        """Called for each new connection to this database."""
+
+    def notify(self, partition_key: str) -> None:
+        """Wake idle workers when the transaction commits (PostgreSQL); SQLite workers poll."""
+
+    def listen(
+        self, wake: Callable[[], None], done: threading.Event, listening: Callable[[bool], None]
+    ) -> None:
+        """Call ``wake`` on every notification until ``done``; returns at once without them.
+
+        ``listening(True)`` says wake-ups arrive (a worker may then sleep long),
+        ``listening(False)`` that they stopped (it polls again).
+        """
+
+    def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]:
+        """What the database's Django settings lack for a web process and workers at once."""
+        return []
+
+    # --- steps shared by several operations (call inside a transaction) -----------------------
+
+    def lock_partitions(self, keys: Iterable[str], *, skip_locked: bool = False) -> list[str]:
+        keys = sorted(set(keys))
+        if not keys:
+            return []
+        query = "lock_free_partitions" if skip_locked else "lock_partitions"
+        return [r["key"] for r in self.rows(query, {"keys": keys})]
+
+    def resync_heads(self, keys: Iterable[str]) -> None:
+        for key in sorted(set(keys)):
+            self.execute("resync_head", {"partition_key": key})
+
+    def record_attempts(self, job_ids: list[int], *, number_offset: int = 0) -> None:
+        if job_ids:
+            self.execute("record_attempts", {"job_ids": job_ids, "number_offset": number_offset})
+
+    # --- the lease holder ------------------------------------------------------------------
+
+    def renew(self, fence: Fence, lease_seconds: float) -> datetime | None:
+        with self.write():
+            found = self.row("renew", {**fence_params(fence), "lease_seconds": lease_seconds})
+        return None if found is None else aware(found["lease_until"])
+
+    def begin_effect(self, fence: Fence) -> bool:
+        with self.write():
+            return self.row("begin_effect", fence_params(fence)) is not None
+
+    def end_effect(self, fence: Fence, *, uncertain: bool) -> bool:
+        with self.write():
+            return (
+                self.row("end_effect", {**fence_params(fence), "uncertain": uncertain}) is not None
+            )
+
+    def hand_back(self, fence: Fence) -> str | None:
+        with self.transaction():
+            self.lock_partitions([fence.partition_key])
+            found = self.row("hand_back", fence_params(fence))
+            if found is None:
+                return None
+            self.record_attempts([fence.job_id], number_offset=1)
+            self.resync_heads([fence.partition_key])
+            self.notify(fence.partition_key)
+        return str(found["status"])
+
+    def lease_state(self, job_id: int) -> Row | None:
+        return self.row("lease_state", {"job_id": job_id})
+
+    def newer_private_waiting(self, partition_key: str, job_id: int) -> bool:
+        found = self.row(
+            "newer_private_waiting", {"partition_key": partition_key, "job_id": job_id}
+        )
+        return bool(found and found["private_message"])
+
+    # --- recovery, operators, retention ----------------------------------------------------
+
+    def expire_leases(self, *, max_attempts: int, limit: int) -> list[Row]:
+        if not self.rows("expired_leases", {"limit": 1}):  # the usual case: one index probe
+            return []
+        with self.transaction():
+            candidates = self.rows("expired_leases", {"limit": limit})
+            # Partitions another transaction holds are left for the next sweep.
+            locked = set(
+                self.lock_partitions((r["partition_key"] for r in candidates), skip_locked=True)
+            )
+            job_ids = [r["id"] for r in candidates if r["partition_key"] in locked]
+            if not job_ids:
+                return []
+            expired = self.rows(
+                "expire_lease_jobs", {"job_ids": job_ids, "max_attempts": max_attempts}
+            )
+            self.record_attempts([r["id"] for r in expired])
+            self.resync_heads(r["partition_key"] for r in expired)
+        return expired
+
+    def transition(
+        self, name: str, job_id: int, *, from_status: str, resolution: str
+    ) -> Transition:
+        """Apply operator transition ``name`` if the job is ``from_status``; one transaction."""
+        with self.transaction():
+            found = self.row("job_partition", {"job_id": job_id})
+            if found is None:
+                return Transition(found=False)
+            self.lock_partitions([found["partition_key"]])
+            changed = self.row(
+                name, {"job_id": job_id, "from_status": from_status, "resolution": resolution}
+            )
+            if changed is None:
+                status = self.row("job_status", {"job_id": job_id})
+                return Transition(found=True, status=str(status["status"]) if status else "")
+            self.resync_heads([changed["partition_key"]])
+            self.notify(changed["partition_key"])
+        return Transition(found=True, changed=True)
+
+    def unknown_past_retention(self, seconds: float) -> list[int]:
+        return [r["id"] for r in self.rows("unknown_past_retention", {"seconds": seconds})]
+
+    def purge_completed(self, seconds: float, limit: int) -> int:
+        with self.transaction():
+            job_ids = [
+                r["id"]
+                for r in self.rows("completed_past_retention", {"seconds": seconds, "limit": limit})
+            ]
+            if job_ids:
+                self.execute("delete_attempts", {"job_ids": job_ids})
+                self.execute("delete_jobs", {"job_ids": job_ids})
+        return len(job_ids)
+
+    def purge_idle_partitions(self, limit: int) -> int:
+        with self.transaction():
+            keys = [r["key"] for r in self.rows("idle_partitions", {"limit": limit})]
+            if keys:
+                self.execute("delete_idle_partitions", {"keys": keys})
+        return len(keys)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return aware(self.rows("now")[0]["now"])
+
+    def next_wakeup(self) -> datetime | None:
+        return aware(self.rows("next_wakeup")[0]["wakeup"])
+
+    def count_unresolved(self) -> dict[str, int]:
+        return {r["status"]: int(r["n"]) for r in self.rows("count_unresolved")}
+
+    def count_completed(self) -> int:
+        return int(self.rows("count_completed")[0]["n"])
+
+    def estimate_jobs(self) -> int | None:
+        """The planner's row estimate of the job table, where the database keeps one."""
+        return None
+
+    def due_and_delayed(self) -> tuple[int, int]:
+        found = self.rows("due_and_delayed")[0]
+        return int(found["due"]), int(found["delayed"])
+
+    def oldest_due(self) -> datetime | None:
+        return aware(self.rows("oldest_due")[0]["due_at"])
+
+    def blocked_and_running_partitions(self) -> dict[str, int]:
+        return {r["head_state"]: int(r["n"]) for r in self.rows("blocked_and_running_partitions")}
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield

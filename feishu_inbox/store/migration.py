@@ -1,0 +1,40 @@
+"""A migration operation that loads a versioned stored-function file (PostgreSQL only).
+
+Modelled on procrastinate's ``RunProcrastinateSQL``: the SQL lives in
+``store/functions/<migration>.sql`` (and ``.down.sql`` to undo it), with the table names and
+statuses of ``schema.SQL_NAMES``. SQLite has no stored functions; there the operation does
+nothing and the SQLite store runs the same steps statement by statement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+
+from .queries import function_file
+
+
+class RunPostgresFunctions(migrations.RunSQL):
+    def __init__(self, filename: str, *, reverse_filename: str) -> None:
+        self.filename = filename
+        self.reverse_filename = reverse_filename
+        super().__init__(sql=function_file(filename), reverse_sql=function_file(reverse_filename))
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return (
+            self.__class__.__qualname__,
+            [self.filename],
+            {"reverse_filename": self.reverse_filename},
+        )
+
+    def database_forwards(self, app_label: str, schema_editor: Any, *args: Any) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_forwards(app_label, schema_editor, *args)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, *args: Any) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_backwards(app_label, schema_editor, *args)
+
+    def describe(self) -> str:
+        return f"Load PostgreSQL functions from {self.filename}"

@@ -1,0 +1,84 @@
+"""Named, described SQL queries read from ``.sql`` files (procrastinate's ``queries.sql`` format).
+
+A file is a sequence of blocks::
+
+    -- claim_jobs --
+    -- One line or more saying what the query does (and, on SQLite, why it differs).
+    UPDATE {job} SET ... WHERE id = %(job_id)s
+
+The header names the query; the comment lines right under it describe it; the rest, up to the
+next header, is the query. ``{name}`` placeholders are filled from ``schema.SQL_NAMES`` when the
+file is loaded; parameters are named (``%(job_id)s``) and bound by the database driver.
+Whole-line comments inside a query are for readers and are not sent to the database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from .schema import SQL_NAMES
+
+_HEADER = re.compile(r"^-- ([a-z0-9_]+) --$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    description: str
+    sql: str
+
+
+class QueryFileError(ValueError):
+    """A ``.sql`` file of the store is malformed (a bug in this package, found at import)."""
+
+
+def render(text: str, names: Mapping[str, str] = SQL_NAMES, *, source: str = "") -> str:
+    """Fill ``{name}`` placeholders; an unknown name is an error."""
+
+    def fill(match: re.Match[str]) -> str:
+        try:
+            return names[match.group(1)]
+        except KeyError:
+            raise QueryFileError(
+                f"{source}: unknown placeholder {{{match.group(1)}}}; known: {sorted(names)}"
+            ) from None
+
+    return _PLACEHOLDER.sub(fill, text)
+
+
+def parse_query_file(text: str, *, source: str = "") -> dict[str, Query]:
+    parts = _HEADER.split(text)
+    queries: dict[str, Query] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = body.strip("\n").splitlines()
+        described = 0
+        while described < len(lines) and lines[described].startswith("--"):
+            described += 1
+        description = " ".join(line[2:].strip() for line in lines[:described]).strip()
+        code = "\n".join(
+            line for line in lines[described:] if not line.lstrip().startswith("--")
+        ).strip()
+        if name in queries:
+            raise QueryFileError(f"{source}: query {name!r} is defined twice")
+        if not description or not code:
+            raise QueryFileError(f"{source}: query {name!r} needs a description and a body")
+        queries[name] = Query(name, description, render(code, source=f"{source}:{name}"))
+    return queries
+
+
+@cache
+def load(filename: str) -> dict[str, Query]:
+    """The queries of one file shipped in this package (``postgres.sql``, ``sqlite.sql``)."""
+    text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
+    return parse_query_file(text, source=filename)
+
+
+def function_file(filename: str) -> str:
+    """A versioned stored-function file (``functions/…``), rendered, for a migration."""
+    path = resources.files(__package__).joinpath("functions", filename)
+    return render(path.read_text(encoding="utf-8"), source=filename)

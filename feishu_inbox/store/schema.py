@@ -1,0 +1,63 @@
+"""The one place where table names, status strings and shared SQL fragments are spelled.
+
+Python code imports the constants; the ``.sql`` files (queries and stored functions) name them
+as ``{placeholders}`` that ``queries.render`` fills in from ``SQL_NAMES``. A name that is not
+here is an error when the file is loaded, never a silent typo in production.
+"""
+
+from __future__ import annotations
+
+from ..models import Attempt, EventJob, Partition, PartitionState, Status
+
+JOB_TABLE = EventJob._meta.db_table
+PARTITION_TABLE = Partition._meta.db_table
+ATTEMPT_TABLE = Attempt._meta.db_table
+#: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
+NOTIFY_CHANNEL = "feishu_inbox"
+
+QUEUED = Status.QUEUED.value
+RUNNING = Status.RUNNING.value
+RETRY_WAIT = Status.RETRY_WAIT.value
+COMPLETED = Status.COMPLETED.value
+FAILED = Status.FAILED.value
+UNKNOWN = Status.UNKNOWN.value
+IDLE = PartitionState.IDLE.value
+
+#: The columns a claim returns (``ledger.ClaimedJob.from_row`` reads them by name).
+CLAIMED_COLUMNS = (
+    "id, event_id, event_type, app, payload, private_message, attempt, partition_key, lease_until"
+)
+
+SQL_NAMES: dict[str, str] = {
+    # tables
+    "job": JOB_TABLE,
+    "partition": PARTITION_TABLE,
+    "attempt": ATTEMPT_TABLE,
+    "channel": NOTIFY_CHANNEL,
+    # statuses (the partition's head_state uses the same words, plus idle)
+    "queued": QUEUED,
+    "running": RUNNING,
+    "retry_wait": RETRY_WAIT,
+    "completed": COMPLETED,
+    "failed": FAILED,
+    "unknown": UNKNOWN,
+    "idle": IDLE,
+    "claimable": f"('{QUEUED}', '{RETRY_WAIT}')",
+    # Written exactly as the partial index's predicate: SQLite uses a partial index only when
+    # the query's WHERE names its condition in the same textual form.
+    "unresolved": f"NOT (status = '{COMPLETED}')",
+    # SPEC §3 Effects: once any effect started the job is never retried automatically ...
+    "effect_started": "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)",
+    # ... and a handler that returns with an effect in flight or uncertain ends `unknown`.
+    "effect_open": "(effects_in_flight > 0 OR effect_uncertain)",
+    # Every call of a lease holder: its job, still running, still its own, lease not expired.
+    "fence": (
+        f"id = %(job_id)s AND status = '{RUNNING}' AND worker_id = %(worker_id)s "
+        "AND lease_token = %(token)s AND lease_until > now()"
+    ),
+    "claimed_columns": CLAIMED_COLUMNS,
+    "uncertain_message": (
+        "'An effect was in flight or raised when the handler ended; check whether it "
+        "happened, then reconcile.'"
+    ),
+}

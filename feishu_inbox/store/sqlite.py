@@ -1,0 +1,147 @@
+"""The SQLite store: one writer at a time, the host's clock, polling instead of NOTIFY.
+
+Every write runs in an IMMEDIATE transaction (the database OPTIONS of the README), so no
+statement needs a row lock; the PostgreSQL functions' steps run here one query at a time inside
+that transaction. Writers of one process queue on an in-process lock first: SQLite's busy
+handler sleeps in growing steps (up to 100 ms) instead of waking when the lock frees, so only
+writers of other processes meet it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..errors import LedgerError
+from .base import Fence, Row, SqlStore, fence_params
+
+_writer = threading.RLock()
+
+
+@contextmanager
+def _serialized() -> Iterator[None]:
+    with _writer:
+        yield
+
+
+@contextmanager
+def _write_transaction() -> Iterator[None]:
+    with _writer, transaction.atomic():
+        yield
+
+
+def _clock(offset_seconds: float | None = 0.0) -> str:
+    """UTC now (+ offset) in the text form Django stores datetimes in on SQLite."""
+    when = datetime.now(timezone.utc) + timedelta(seconds=offset_seconds or 0)
+    return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+
+
+class SqliteStore(SqlStore):
+    query_file = "sqlite.sql"
+
+    def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:
+        # The clock the queries read: now() and feishu_inbox_now_plus(seconds).
+        connection.connection.create_function("now", 0, _clock)
+        connection.connection.create_function("feishu_inbox_now_plus", 1, _clock)
+
+    def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]:
+        options = settings_dict.get("OPTIONS", {})
+        problems = []
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            problems.append("OPTIONS['transaction_mode'] = 'IMMEDIATE'")
+        if not options.get("timeout"):
+            problems.append("OPTIONS['timeout'] (busy timeout in seconds, e.g. 20)")
+        if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
+            problems.append("OPTIONS['init_command'] containing 'PRAGMA journal_mode=WAL'")
+        return problems
+
+    def transaction(self) -> AbstractContextManager[None]:
+        return _write_transaction()
+
+    def write(self) -> AbstractContextManager[None]:
+        return _serialized()
+
+    def adapt(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        # A list parameter is read with json_each() (SQLite binds no arrays).
+        return {k: json.dumps(v) if isinstance(v, list) else v for k, v in params.items()}
+
+    def enqueue(self, job: dict[str, Any]) -> Row:
+        with self.transaction():
+            partition = self.rows("enqueue_partition", job)[0]
+            stored = self.row("enqueue_job", job)
+            if stored is None:
+                return {"job_id": self.rows("duplicate_of", job)[0]["id"], "created": False}
+            if partition["head_id"] is None:
+                self.execute("set_first_head", {**job, "job_id": stored["id"]})
+        return {"job_id": stored["id"], "created": True}
+
+    def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]:
+        with self.transaction():
+            return self._claim(worker_id, token, lease_seconds, limit)
+
+    def _claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]:
+        heads = self.rows("claimable_heads", {"limit": limit})
+        if not heads:
+            return []
+        self.execute("claim_partitions", {"keys": [h["key"] for h in heads]})
+        job_ids = [h["head_id"] for h in heads]
+        claimed = self.rows(
+            "claim_jobs",
+            {
+                "worker_id": worker_id,
+                "token": token,
+                "lease_seconds": lease_seconds,
+                "job_ids": job_ids,
+            },
+        )
+        if len(claimed) != len(job_ids):  # the mirror disagrees with the jobs: never expected
+            raise LedgerError(
+                f"partition heads {job_ids} did not match claimable jobs; claim rolled back.",
+                fix="Report this as a bug; `python manage.py inbox stats` shows the ledger.",
+            )
+        return claimed
+
+    def _end_attempt(self, fence: Fence, query: str, params: dict[str, Any]) -> str | None:
+        self.lock_partitions([fence.partition_key])
+        ended = self.row(query, {**fence_params(fence), **params})
+        if ended is None:
+            return None
+        self.record_attempts([fence.job_id])
+        self.resync_heads([fence.partition_key])
+        return str(ended["status"])
+
+    def finish(self, fence: Fence, error_type: str) -> str | None:
+        with self.transaction():
+            return self._end_attempt(fence, "finish_job", {"error_type": error_type})
+
+    def fail(
+        self, fence: Fence, *, error_type: str, message: str, max_attempts: int, retry_in: float
+    ) -> str | None:
+        with self.transaction():
+            return self._end_attempt(
+                fence,
+                "fail_job",
+                {
+                    "error_type": error_type,
+                    "error_message": message,
+                    "max_attempts": max_attempts,
+                    "retry_in": retry_in,
+                },
+            )
+
+    def finish_and_claim(
+        self, fence: Fence, error_type: str, *, token: str, lease_seconds: float, limit: int
+    ) -> tuple[str | None, list[Row]]:
+        # One transaction (one commit) for both, as PostgreSQL's one statement.
+        with self.transaction():
+            status = self._end_attempt(fence, "finish_job", {"error_type": error_type})
+            if status is None or limit < 1:
+                return status, []
+            return status, self._claim(fence.worker_id, token, lease_seconds, limit)
