@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from . import ledger
+from .stats import stats
 
 TEXTS = [
     "Can you summarise yesterday's incident?",
@@ -123,4 +124,4 @@ def fill() -> dict[str, int]:
     _enqueue("oc_dm_alice", 2, chat_type="p2p")
     _enqueue("oc_new_0", 3)
     _enqueue("oc_new_1", 1)
-    return ledger.stats().counts
+    return stats().counts

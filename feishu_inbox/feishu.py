@@ -11,7 +11,7 @@ import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,123 @@ def parse_envelope(body: dict[str, Any], raw: str | None = None) -> Envelope:
         body=body,
         raw=raw,
     )
+
+
+# --- one delivery, step by step ----------------------------------------------------------------
+
+#: The signature headers, as WSGI names them.
+SIGNATURE_HEADERS = (
+    "HTTP_X_LARK_REQUEST_TIMESTAMP",
+    "HTTP_X_LARK_REQUEST_NONCE",
+    "HTTP_X_LARK_SIGNATURE",
+)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a delivery turned out to be: an event, or (no envelope) a URL verification."""
+
+    envelope: Envelope | None = None
+    challenge: str = ""
+
+
+def open_delivery(
+    *,
+    app: str,
+    secrets: dict[str, str],
+    body: bytes,
+    headers: Mapping[str, str],
+    replay_window: float | None,
+    now: float,
+) -> Delivery:
+    """Verify and decode one delivery: signature → decrypt → challenge → token.
+
+    ``headers`` are the request's WSGI headers (``HTTP_X_LARK_SIGNATURE`` …). Raises
+    ``ProtocolError`` (with the HTTP status to answer) for anything Feishu did not send.
+    """
+    encrypt_key = secrets.get("ENCRYPT_KEY") or ""
+    token = secrets.get("VERIFICATION_TOKEN") or ""
+    outer = parse_json_object(body)
+    signed = bool(encrypt_key) and any(h in headers for h in SIGNATURE_HEADERS)
+    if signed:  # before decrypting: the signature covers the raw body
+        check_signature(headers, body, encrypt_key, replay_window=replay_window, now=now)
+    if "encrypt" in outer:
+        if not encrypt_key:
+            raise ProtocolError(
+                "undecryptable",
+                f"The body is encrypted but app {app!r} has no Encrypt Key configured.",
+            )
+        if not isinstance(outer["encrypt"], str):
+            raise ProtocolError("undecryptable", "The encrypt field is not a string.")
+        inner_raw = decrypt(encrypt_key, outer["encrypt"])
+        try:
+            inner = parse_json_object(inner_raw)
+        except ProtocolError as exc:  # a wrong key can leave valid padding over garbage
+            raise ProtocolError(
+                "undecryptable",
+                "The body does not decrypt to a JSON object with the configured Encrypt Key.",
+            ) from exc
+    elif encrypt_key:
+        raise ProtocolError(
+            "not_encrypted", f"App {app!r} has an Encrypt Key: the body must be encrypted."
+        )
+    else:
+        inner_raw, inner = body, outer
+
+    if is_url_verification(inner):  # carries no signature headers
+        if token and not token_matches(token, inner.get("token")):
+            raise ProtocolError("bad_token", "Wrong verification token.", status=401)
+        challenge = inner.get("challenge")
+        if not isinstance(challenge, str):
+            raise ProtocolError("missing_fields", "The URL verification has no challenge.")
+        return Delivery(challenge=challenge)
+
+    if encrypt_key and not signed:
+        raise ProtocolError(
+            "missing_signature", "The X-Lark-Signature headers are missing.", status=401
+        )
+    try:
+        raw_text: str | None = inner_raw.decode("utf-8")
+    except UnicodeDecodeError:  # JSON in another encoding: stored re-serialised
+        raw_text = None
+    envelope = parse_envelope(inner, raw=raw_text)
+    if token and not token_matches(token, envelope.token):
+        raise ProtocolError("bad_token", "Wrong verification token.", status=401)
+    return Delivery(envelope=envelope)
+
+
+def check_signature(
+    headers: Mapping[str, str],
+    body: bytes,
+    encrypt_key: str,
+    *,
+    replay_window: float | None,
+    now: float,
+) -> None:
+    """The signature over the raw body, then the timestamp's distance from ``now``."""
+    timestamp, nonce, given = (headers.get(h, "") for h in SIGNATURE_HEADERS)
+    if not (timestamp and nonce and given):
+        raise ProtocolError(
+            "missing_signature",
+            "Some X-Lark-Request-* signature headers are missing.",
+            status=401,
+        )
+    if not signature_matches(timestamp, nonce, encrypt_key, body, given):
+        raise ProtocolError("bad_signature", "The signature does not match.", status=401)
+    if replay_window is None:
+        return
+    try:
+        age = abs(now - int(timestamp))
+    except ValueError:
+        raise ProtocolError(
+            "stale_timestamp", "X-Lark-Request-Timestamp is not a number.", status=401
+        ) from None
+    if age > replay_window:
+        raise ProtocolError(
+            "stale_timestamp",
+            f"The request timestamp is {age:.0f}s away from now (limit {replay_window:.0f}s).",
+            status=401,
+        )
 
 
 # --- ledger keys ---------------------------------------------------------------------------

@@ -156,16 +156,7 @@ class effect:
     """
 
     def __enter__(self) -> effect:
-        from . import ledger
-
-        ctx = current()
-        ctx.ensure_alive()
-        try:
-            ledger.begin_effect(ctx.lease)
-        except LeaseLost as exc:
-            ctx.mark_lost(str(exc))
-            raise
-        ctx.effects_started = True
+        _begin_effect(current())
         return self
 
     def __exit__(
@@ -174,25 +165,10 @@ class effect:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from . import ledger
-
-        ctx = current()
-        try:
-            ledger.end_effect(ctx.lease, ok=exc_type is None)
-        except LeaseLost as lost:
-            _lost_at_exit(ctx, lost, exc_type)
+        _end_effect(current(), exc_type)
 
     async def __aenter__(self) -> effect:
-        from . import ledger
-
-        ctx = current()
-        ctx.ensure_alive()
-        try:
-            await asyncio.to_thread(_in_db_thread, ledger.begin_effect, ctx.lease)
-        except LeaseLost as exc:
-            ctx.mark_lost(str(exc))
-            raise
-        ctx.effects_started = True
+        await _in_db_thread(_begin_effect, current())
         return self
 
     async def __aexit__(
@@ -201,35 +177,46 @@ class effect:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from . import ledger
-
-        ctx = current()
-        try:
-            await asyncio.to_thread(
-                _in_db_thread,
-                lambda lease: ledger.end_effect(lease, ok=exc_type is None),
-                ctx.lease,
-            )
-        except LeaseLost as lost:
-            _lost_at_exit(ctx, lost, exc_type)
+        await _in_db_thread(_end_effect, current(), exc_type)
 
 
-def _lost_at_exit(ctx: JobContext, lost: LeaseLost, exc_type: type[BaseException] | None) -> None:
-    """The effect ended but its record could not be written: the lease is gone.
+def _begin_effect(ctx: JobContext) -> None:
+    """Record the effect's start; refused (LeaseLost) once the lease is gone."""
+    from . import ledger
 
-    The job becomes ``unknown`` by lease expiry (an effect started). The handler's own
-    exception, if any, is the one that propagates.
-    """
-    ctx.mark_lost(str(lost))
-    if exc_type is None:
-        raise lost
+    ctx.ensure_alive()
+    try:
+        ledger.begin_effect(ctx.lease)
+    except LeaseLost as lost:
+        ctx.mark_lost(str(lost))
+        raise
+    ctx.effects_started = True
 
 
-def _in_db_thread(fn: Callable[[Any], Any], arg: Any) -> Any:
-    from django.db import close_old_connections
+def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
+    """Record the effect's end. If the record cannot be written, the lease is gone: the job
+    becomes ``unknown`` by lease expiry (an effect started). The handler's own exception, if
+    any, is the one that propagates."""
+    from . import ledger
 
-    close_old_connections()
-    return fn(arg)
+    try:
+        ledger.end_effect(ctx.lease, ok=exc_type is None)
+    except LeaseLost as lost:
+        ctx.mark_lost(str(lost))
+        if exc_type is None:
+            raise
+
+
+async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:
+    """Run a ledger call from async code, on a thread with its own database connection."""
+
+    def run() -> None:
+        from django.db import close_old_connections
+
+        close_old_connections()
+        fn(*args)
+
+    await asyncio.to_thread(run)
 
 
 def is_async(fn: Handler) -> bool:

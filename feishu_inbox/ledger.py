@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import secrets
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -36,7 +33,6 @@ from django.db import connection
 from .conf import InboxSettings, checked_settings
 from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError
 from .models import EventJob, Resolution, Status
-from .stats import Stats, database_now, next_wakeup, seconds_until_wakeup, stats
 from .store import Row, store
 from .store.base import aware
 
@@ -130,6 +126,10 @@ def truncate(message: str) -> str:
 # --- enqueue -------------------------------------------------------------------------------
 
 
+#: The longest value of each text field of a job (its column's length).
+_ENQUEUE_LIMITS = dict(event_id=128, event_type=128, dedupe_key=255, partition_key=255, app=64)
+
+
 def enqueue(
     *,
     event_id: str,
@@ -146,18 +146,18 @@ def enqueue(
     ``payload_json``, when given, is ``payload`` already serialised (the webhook has the
     decrypted text): it is stored as is instead of serialising ``payload`` again.
     """
-    dedupe_key = dedupe_key or event_id
-    for name, value, limit in (
-        ("event_id", event_id, 128),
-        ("event_type", event_type, 128),
-        ("dedupe_key", dedupe_key, 255),
-        ("partition_key", partition_key, 255),
-        ("app", app, 64),
-    ):
-        if not value or not isinstance(value, str) or len(value) > limit:
+    job: dict[str, Any] = {
+        "event_id": event_id,
+        "event_type": event_type,
+        "dedupe_key": dedupe_key or event_id,
+        "partition_key": partition_key,
+        "app": app,
+    }
+    for name, limit in _ENQUEUE_LIMITS.items():
+        if not job[name] or not isinstance(job[name], str) or len(job[name]) > limit:
             raise LedgerError(
                 f"enqueue needs {name} as a non-empty string of at most {limit} characters "
-                f"(got {value!r:.80}).",
+                f"(got {job[name]!r:.80}).",
                 fix="Fix the caller; nothing was stored.",
             )
     if not isinstance(payload, dict):
@@ -169,17 +169,7 @@ def enqueue(
         payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
             payload, connection, prepared=False
         )
-    stored = store().enqueue(
-        {
-            "app": app,
-            "event_id": event_id,
-            "event_type": event_type,
-            "dedupe_key": dedupe_key,
-            "partition_key": partition_key,
-            "private_message": private_message,
-            "payload": payload_json,
-        }
-    )
+    stored = store().enqueue({**job, "private_message": private_message, "payload": payload_json})
     return EnqueueResult(job_id=stored["job_id"], created=bool(stored["created"]))
 
 
@@ -190,12 +180,7 @@ def expire_leases(limit: int = 100) -> int:
     """Recover running jobs whose lease passed (SPEC §3 Lease expiry). Returns how many."""
     expired = store().expire_leases(max_attempts=checked_settings().MAX_ATTEMPTS, limit=limit)
     for row in expired:
-        log.warning(
-            "job %s lease expired: now %s (partition %s)",
-            row["id"],
-            row["status"],
-            row["partition_key"],
-        )
+        log.warning("job %(id)s lease expired: now %(status)s (partition %(partition_key)s)", row)
     return len(expired)
 
 
@@ -244,19 +229,21 @@ def claim(
 # --- fenced operations of the lease holder -------------------------------------------------
 
 
-def _lease_lost(lease: Lease, doing: str) -> LeaseLost:
-    """Explain why a fenced call matched nothing (read outside the failed statement)."""
+def _why_not_held(lease: Lease) -> str | None:
+    """Why a fenced call found the lease gone (read outside the failed statement); None if the
+    lease is still held (what stopped the call was something else)."""
     found = store().lease_state(lease.job_id)
     if found is None:
-        return LeaseLost(f"Cannot {doing} job {lease.job_id}: it no longer exists.")
+        return "it no longer exists"
     if found["status"] != Status.RUNNING:
-        why = f"it is {found['status']} now"
-    elif found["worker_id"] != lease.worker_id or found["lease_token"] != lease.token:
-        why = f"worker {found['worker_id']} holds it now"
-    elif found["expired"]:
-        why = "its lease expired"
-    else:
-        why = "its lease changed"
+        return f"it is {found['status']} now"
+    if found["worker_id"] != lease.worker_id or found["lease_token"] != lease.token:
+        return f"worker {found['worker_id']} holds it now"
+    return "its lease expired" if found["expired"] else None
+
+
+def _lease_lost(lease: Lease, doing: str) -> LeaseLost:
+    why = _why_not_held(lease) or "its lease changed"
     return LeaseLost(f"Cannot {doing} job {lease.job_id} as worker {lease.worker_id}: {why}.")
 
 
@@ -343,14 +330,13 @@ def hand_back(lease: Lease) -> str:
     status = store().hand_back(lease)
     if status is not None:
         return status
-    lost = _lease_lost(lease, "hand back")
-    if "its lease changed" in str(lost):  # the lease is fine: what stopped it is the effect
+    if _why_not_held(lease) is None:  # the lease is fine: what stopped it is the effect
         raise InvalidState(
             f"Cannot hand back job {lease.job_id}: an effect has started.",
             fix="Let the handler finish; if it cannot, its lease expires and the job "
             "becomes unknown for an operator to reconcile.",
         )
-    raise lost
+    raise _lease_lost(lease, "hand back")
 
 
 def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
@@ -363,68 +349,67 @@ def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
 # --- operator actions ----------------------------------------------------------------------
 
 
-def _operator_action(
-    job_ids: Iterable[int],
-    *,
-    transition: str,
-    doing: str,
-    from_status: str,
-    resolution: str,
-    hint: str,
-) -> Outcome:
-    """Apply one guarded transition per job, each in its own transaction."""
-    outcome = Outcome()
-    for job_id in dict.fromkeys(job_ids):
-        found = store().transition(
-            transition, job_id, from_status=from_status, resolution=resolution
-        )
-        if found.changed:
-            outcome.done.append(job_id)
-        elif not found.found:
-            outcome.refused[job_id] = JobNotFound(
-                f"Cannot {doing} job {job_id}: there is no such job."
+#: What to do instead, when an operator action meets a job of another state.
+_HINTS = {
+    Status.FAILED: "Failed jobs are requeued or discarded; unknown jobs need reconcile.",
+    Status.UNKNOWN: "Unknown jobs are reconciled; failed jobs are requeued or discarded.",
+}
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """One guarded transition an operator may apply (SPEC §3 Operator actions)."""
+
+    doing: str
+    #: The store's query (``common.sql``) and the state it applies to.
+    transition: str
+    from_status: Status
+    resolution: str = Resolution.NONE
+
+    def apply(self, job_ids: Iterable[int]) -> Outcome:
+        """Apply it to each job in its own transaction; refuse every other job, with why."""
+        outcome = Outcome()
+        for job_id in dict.fromkeys(job_ids):
+            found = store().transition(
+                self.transition, job_id, from_status=self.from_status, resolution=self.resolution
             )
-        else:
-            outcome.refused[job_id] = InvalidState(
-                f"Cannot {doing} job {job_id}: it is {found.status}, not {from_status}.", fix=hint
-            )
-    return outcome
+            if found.changed:
+                outcome.done.append(job_id)
+            elif not found.found:
+                outcome.refused[job_id] = JobNotFound(
+                    f"Cannot {self.doing} job {job_id}: there is no such job."
+                )
+            else:
+                outcome.refused[job_id] = InvalidState(
+                    f"Cannot {self.doing} job {job_id}: it is {found.status}, "
+                    f"not {self.from_status}.",
+                    fix=_HINTS.get(self.from_status, ""),
+                )
+        return outcome
+
+
+REQUEUE = OperatorAction("requeue", "run_again", Status.FAILED, Resolution.REQUEUED)
+DISCARD = OperatorAction("discard", "mark_done", Status.FAILED, Resolution.DISCARDED)
+RECONCILE_APPLIED = OperatorAction("reconcile", "mark_done", Status.UNKNOWN, Resolution.APPLIED)
+RECONCILE_NOT_APPLIED = OperatorAction(
+    "reconcile", "run_again", Status.UNKNOWN, Resolution.NOT_APPLIED
+)
+EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", Status.UNKNOWN)
 
 
 def requeue(job_ids: Iterable[int]) -> Outcome:
     """``failed`` → ``queued``, attempt 0, due now."""
-    return _operator_action(
-        job_ids,
-        transition="requeue",
-        doing="requeue",
-        from_status=Status.FAILED,
-        resolution=Resolution.REQUEUED,
-        hint="Only failed jobs can be requeued; unknown jobs need reconcile.",
-    )
+    return REQUEUE.apply(job_ids)
 
 
 def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
     """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
-    return _operator_action(
-        job_ids,
-        transition="reconcile_applied" if applied else "reconcile_not_applied",
-        doing="reconcile",
-        from_status=Status.UNKNOWN,
-        resolution=Resolution.APPLIED if applied else Resolution.NOT_APPLIED,
-        hint="Only unknown jobs are reconciled; failed jobs are requeued or discarded.",
-    )
+    return (RECONCILE_APPLIED if applied else RECONCILE_NOT_APPLIED).apply(job_ids)
 
 
 def discard(job_ids: Iterable[int]) -> Outcome:
     """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
-    return _operator_action(
-        job_ids,
-        transition="discard",
-        doing="discard",
-        from_status=Status.FAILED,
-        resolution=Resolution.DISCARDED,
-        hint="Only failed jobs can be discarded; unknown jobs need reconcile.",
-    )
+    return DISCARD.apply(job_ids)
 
 
 # --- retention -----------------------------------------------------------------------------
@@ -436,16 +421,7 @@ def purge(*, max_batches: int | None = None) -> PurgeResult:
     expired_unknown = 0
     if conf.UNKNOWN_RETENTION is not None:
         old = store().unknown_past_retention(conf.UNKNOWN_RETENTION.total_seconds())
-        expired_unknown = len(
-            _operator_action(
-                old,
-                transition="expire_unknown",
-                doing="expire",
-                from_status=Status.UNKNOWN,
-                resolution=Resolution.NONE,
-                hint="",
-            ).done
-        )
+        expired_unknown = len(EXPIRE_UNKNOWN.apply(old).done)
     batch = conf.PURGE_BATCH_SIZE
     retention = conf.COMPLETED_RETENTION.total_seconds()
     return PurgeResult(
@@ -469,39 +445,3 @@ def _in_batches(step: Callable[[], int], batch: int, max_batches: int | None) ->
         if done < batch:
             break
     return total
-
-
-def new_worker_id() -> str:
-    """hostname:pid:random, unique per worker process start."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-__all__ = [
-    "ClaimedJob",
-    "EnqueueResult",
-    "Lease",
-    "Outcome",
-    "PurgeResult",
-    "Stats",
-    "backoff_seconds",
-    "begin_effect",
-    "claim",
-    "database_now",
-    "discard",
-    "end_effect",
-    "enqueue",
-    "expire_leases",
-    "fail",
-    "finish",
-    "finish_and_claim",
-    "hand_back",
-    "new_worker_id",
-    "next_wakeup",
-    "purge",
-    "reconcile",
-    "renew",
-    "requeue",
-    "seconds_until_wakeup",
-    "should_interrupt",
-    "stats",
-]

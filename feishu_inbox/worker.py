@@ -20,7 +20,9 @@ import asyncio
 import logging
 import os
 import queue
+import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +35,7 @@ from django.db import DatabaseError, close_old_connections, connection, connecti
 from . import handlers, ledger
 from .conf import checked_settings
 from .errors import InvalidState, LeaseLost, Superseded
+from .stats import seconds_until_wakeup
 from .store import store
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -66,6 +69,11 @@ class WorkerOptions:
     burst: bool = False
     max_jobs: int | None = None
     grace_seconds: float = 30.0
+
+
+def new_worker_id() -> str:
+    """hostname:pid:random, unique per worker process start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class _Pool:
@@ -177,7 +185,7 @@ class Worker:
         if options.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.options = options
-        self.worker_id = options.worker_id or ledger.new_worker_id()
+        self.worker_id = options.worker_id or new_worker_id()
         self.lease_seconds = options.lease_seconds or conf.LEASE_SECONDS
         self.poll_interval = conf.POLL_INTERVAL
         self.handlers = handlers.registered()
@@ -250,7 +258,7 @@ class Worker:
         timeout = longest
         if can_claim:
             try:
-                until = ledger.seconds_until_wakeup()
+                until = seconds_until_wakeup()
             except DatabaseError as exc:
                 log.error("could not read the next wake-up (%s)", exc)
                 connection.close()

@@ -12,6 +12,8 @@ from django.utils import timezone
 from feishu_inbox import ledger
 from feishu_inbox.errors import InvalidState, JobNotFound, LeaseLost, LedgerError
 from feishu_inbox.models import Attempt, EventJob, Partition
+from feishu_inbox.stats import next_wakeup
+from feishu_inbox.stats import stats as ledger_stats
 
 from .factories import EventJobFactory
 from .ledger_helpers import assert_mirror_consistent, expire_lease, make_due, snapshot, status
@@ -521,16 +523,16 @@ def test_purge_expires_unknown_only_when_configured() -> None:
 
 
 def test_next_wakeup_is_the_earliest_due_head_or_lease_expiry() -> None:
-    assert ledger.next_wakeup() is None
+    assert next_wakeup() is None
     job = EventJobFactory(partition_key="a")
-    wake = ledger.next_wakeup()
+    wake = next_wakeup()
     assert wake is not None and wake <= timezone.now()
     ledger.fail(claim_one().lease, error_type="Boom", retry_in=600)
-    wake = ledger.next_wakeup()
+    wake = next_wakeup()
     assert wake == EventJob.objects.get(pk=job.pk).available_at
     EventJobFactory(partition_key="b")
     claimed = claim_one()
-    assert ledger.next_wakeup() == EventJob.objects.get(pk=claimed.id).lease_until
+    assert next_wakeup() == EventJob.objects.get(pk=claimed.id).lease_until
 
 
 def test_should_interrupt_only_for_private_followed_by_private() -> None:
@@ -551,7 +553,7 @@ def test_stats_counts_states_due_delayed_and_blocked() -> None:
     EventJobFactory(partition_key="r")
     ledger.fail(claim_one().lease, error_type="Boom", retry_in=600)
     EventJobFactory(partition_key="q")
-    stats = ledger.stats()
+    stats = ledger_stats()
     assert stats.counts == {
         "queued": 2,
         "running": 0,

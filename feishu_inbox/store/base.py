@@ -67,10 +67,15 @@ def aware(value: Any) -> Any:
 class SqlStore:
     """Runs the named queries of one ``.sql`` file; composes the operations both share."""
 
+    #: The database's own queries, beside ``common.sql``.
     query_file = ""
+    #: How this database reads a list parameter: ``{job_ids}`` and ``{keys}`` in the queries.
+    list_parameters: dict[str, str] = {}
 
     def __init__(self) -> None:
-        self.queries: dict[str, Query] = load(self.query_file)
+        self.queries: dict[str, Query] = load(
+            self.query_file, tuple(sorted(self.list_parameters.items()))
+        )
 
     # --- how statements run (each store says how its database takes them) --------------------
 

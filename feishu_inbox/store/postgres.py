@@ -24,6 +24,10 @@ _NOT_FOR_LISTEN = ("cursor_factory", "context", "prepare_threshold", "client_enc
 
 class PostgresStore(SqlStore):
     query_file = "postgres.sql"
+    list_parameters = {
+        "job_ids": "(SELECT unnest(%(job_ids)s::bigint[]))",
+        "keys": "(SELECT unnest(%(keys)s::text[]))",
+    }
 
     def listen(
         self, wake: Callable[[], None], done: threading.Event, listening: Callable[[bool], None]

@@ -51,7 +51,9 @@ def render(text: str, names: Mapping[str, str] = SQL_NAMES, *, source: str = "")
     return _PLACEHOLDER.sub(fill, text)
 
 
-def parse_query_file(text: str, *, source: str = "") -> dict[str, Query]:
+def parse_query_file(
+    text: str, *, source: str = "", names: Mapping[str, str] = SQL_NAMES
+) -> dict[str, Query]:
     parts = _HEADER.split(text)
     queries: dict[str, Query] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -67,15 +69,26 @@ def parse_query_file(text: str, *, source: str = "") -> dict[str, Query]:
             raise QueryFileError(f"{source}: query {name!r} is defined twice")
         if not description or not code:
             raise QueryFileError(f"{source}: query {name!r} needs a description and a body")
-        queries[name] = Query(name, description, render(code, source=f"{source}:{name}"))
+        queries[name] = Query(name, description, render(code, names, source=f"{source}:{name}"))
     return queries
 
 
 @cache
-def load(filename: str) -> dict[str, Query]:
-    """The queries of one file shipped in this package (``postgres.sql``, ``sqlite.sql``)."""
-    text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
-    return parse_query_file(text, source=filename)
+def load(filename: str, names: tuple[tuple[str, str], ...] = ()) -> dict[str, Query]:
+    """The queries one database runs: ``common.sql`` and its own file (``postgres.sql``,
+    ``sqlite.sql``), rendered with ``SQL_NAMES`` and the database's own ``names``.
+
+    A name defined in both files is an error: each query has exactly one text per database.
+    """
+    all_names = {**SQL_NAMES, **dict(names)}
+    queries: dict[str, Query] = {}
+    for source in ("common.sql", filename):
+        text = resources.files(__package__).joinpath(source).read_text(encoding="utf-8")
+        parsed = parse_query_file(text, source=source, names=all_names)
+        if clash := sorted(set(queries) & set(parsed)):
+            raise QueryFileError(f"{source} defines {clash} again (already in common.sql)")
+        queries.update(parsed)
+    return queries
 
 
 def function_file(filename: str) -> str:

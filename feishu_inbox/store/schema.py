@@ -28,6 +28,9 @@ CLAIMED_COLUMNS = (
     "id, event_id, event_type, app, payload, private_message, attempt, partition_key, lease_until"
 )
 
+#: SPEC §3 Effects: once any effect started the job is never retried automatically.
+EFFECT_STARTED = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)"
+
 SQL_NAMES: dict[str, str] = {
     # tables
     "job": JOB_TABLE,
@@ -46,14 +49,18 @@ SQL_NAMES: dict[str, str] = {
     # Written exactly as the partial index's predicate: SQLite uses a partial index only when
     # the query's WHERE names its condition in the same textual form.
     "unresolved": f"NOT (status = '{COMPLETED}')",
-    # SPEC §3 Effects: once any effect started the job is never retried automatically ...
-    "effect_started": "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)",
-    # ... and a handler that returns with an effect in flight or uncertain ends `unknown`.
+    "effect_started": EFFECT_STARTED,
+    # A handler that returns with an effect in flight or uncertain ends `unknown`.
     "effect_open": "(effects_in_flight > 0 OR effect_uncertain)",
     # Every call of a lease holder: its job, still running, still its own, lease not expired.
     "fence": (
         f"id = %(job_id)s AND status = '{RUNNING}' AND worker_id = %(worker_id)s "
         "AND lease_token = %(token)s AND lease_until > now()"
+    ),
+    # Where an attempt that failed (or whose lease expired) leaves its job (SPEC §3 Fail).
+    "status_after_failure": (
+        f"CASE WHEN {EFFECT_STARTED} THEN '{UNKNOWN}' "
+        f"WHEN attempt >= %(max_attempts)s THEN '{FAILED}' ELSE '{RETRY_WAIT}' END"
     ),
     "claimed_columns": CLAIMED_COLUMNS,
     "uncertain_message": (

@@ -45,6 +45,11 @@ def _clock(offset_seconds: float | None = 0.0) -> str:
 
 class SqliteStore(SqlStore):
     query_file = "sqlite.sql"
+    # SQLite binds no arrays: a list parameter is sent as a JSON array (see ``adapt``).
+    list_parameters = {
+        "job_ids": "(SELECT value FROM json_each(%(job_ids)s))",
+        "keys": "(SELECT value FROM json_each(%(keys)s))",
+    }
 
     def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:
         # The clock the queries read: now() and feishu_inbox_now_plus(seconds).

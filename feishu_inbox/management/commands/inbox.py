@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError
 from feishu_inbox.models import EventJob, Status, job_as_dict
+from feishu_inbox.stats import stats as read_stats
 
 log = logging.getLogger("feishu_inbox.operator")
 
@@ -63,7 +64,7 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str))
 
     def do_stats(self, options: dict[str, Any]) -> None:
-        stats = ledger.stats()
+        stats = read_stats()
         if options["json"]:
             self._print_json(stats.as_dict())
             return

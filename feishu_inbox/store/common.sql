@@ -1,0 +1,181 @@
+-- The ledger's queries that PostgreSQL and SQLite run as they are. What differs lives in
+-- postgres.sql and sqlite.sql, under the same names side by side.
+--
+-- Placeholders ({job}, {queued}, {fence}, …) come from store/schema.py; parameters are named
+-- (%(job_id)s). A list parameter is read through {job_ids} or {keys}: PostgreSQL binds an
+-- array (unnest), SQLite binds no arrays, so its store sends a JSON array (json_each).
+-- Both databases offer the same clock: now(), and feishu_inbox_now_plus(seconds), now plus
+-- that many seconds (PostgreSQL: the server's clock, the function of migration 0005;
+-- SQLite: the host's clock, registered by the store on each connection).
+
+-- resync_head --
+-- Point a partition (its row locked) at its first non-completed job. The key is bound, not
+-- correlated, and the order matches the partial index (partition_key, id): a correlated
+-- subquery gets a generic plan that walks the primary key through the whole backlog.
+UPDATE {partition} SET
+    head_id = head.id,
+    head_state = COALESCE(head.status, '{idle}'),
+    head_due_at = head.available_at
+FROM (SELECT NULL) AS anchor
+LEFT JOIN (
+    SELECT id, status, available_at FROM {job}
+    WHERE partition_key = %(partition_key)s AND {unresolved}
+    ORDER BY partition_key, id LIMIT 1
+) AS head ON TRUE
+WHERE key = %(partition_key)s
+
+-- expired_leases --
+-- Running jobs whose lease passed, oldest first (an index probe on the running jobs' lease).
+SELECT id, partition_key FROM {job}
+WHERE status = '{running}' AND lease_until <= now()
+ORDER BY id LIMIT %(limit)s
+
+-- renew --
+-- Extend a lease (fenced); returns the new deadline.
+UPDATE {job} SET lease_until = feishu_inbox_now_plus(%(lease_seconds)s)
+WHERE {fence}
+RETURNING lease_until
+
+-- begin_effect --
+-- Persist "an effect is in flight" before the effect starts (fenced).
+UPDATE {job} SET effects_in_flight = effects_in_flight + 1, side_effect_started = TRUE
+WHERE {fence}
+RETURNING id
+
+-- end_effect --
+-- Record an effect as finished, or uncertain when it raised (fenced; one must be in flight).
+UPDATE {job} SET effects_in_flight = effects_in_flight - 1,
+                 effect_uncertain = (effect_uncertain OR %(uncertain)s)
+WHERE {fence} AND effects_in_flight > 0
+RETURNING id
+
+-- hand_back --
+-- Return a job that started no effect to the queue, due now, giving its attempt back (fenced).
+UPDATE {job} SET
+    status = CASE WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
+    attempt = attempt - 1, available_at = now(),
+    error_type = 'HandedBack', error_message = 'The worker shut down.',
+    lease_token = '', lease_until = NULL
+WHERE {fence} AND NOT {effect_started}
+RETURNING status
+
+-- lease_state --
+-- What a fenced call that matched nothing ran into: the job's owner, token and whether its
+-- lease has expired by the database's clock.
+SELECT status, worker_id, lease_token, lease_until <= now() AS expired
+FROM {job} WHERE id = %(job_id)s
+
+-- newer_private_waiting --
+-- Is the next unresolved job of this partition a private message? (SPEC §4 supersede)
+SELECT private_message FROM {job}
+WHERE partition_key = %(partition_key)s AND id > %(job_id)s AND {unresolved}
+ORDER BY partition_key, id LIMIT 1
+
+-- job_partition --
+-- The partition of a job (an operator action locks it before the job).
+SELECT partition_key FROM {job} WHERE id = %(job_id)s
+
+-- job_status --
+-- A job's status (to say why an operator action was refused).
+SELECT status FROM {job} WHERE id = %(job_id)s
+
+-- run_again --
+-- An operator's "run it again" (requeue a failed job; reconcile an unknown one as not
+-- applied): queued, attempt 0, due now, effect flags cleared (a failed job has none). The
+-- precondition is a parameter: the ledger says which state each action starts from.
+UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
+    effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
+    resolution = %(resolution)s
+WHERE id = %(job_id)s AND status = %(from_status)s
+RETURNING partition_key
+
+-- mark_done --
+-- An operator's "consider it done" (discard a failed job; reconcile an unknown one as
+-- applied): completed, its partition unblocked.
+UPDATE {job} SET status = '{completed}', finished_at = now(), resolution = %(resolution)s
+WHERE id = %(job_id)s AND status = %(from_status)s
+RETURNING partition_key
+
+-- expire_unknown --
+-- unknown → completed (UnknownExpired) after the unknown retention.
+UPDATE {job} SET status = '{completed}', error_type = 'UnknownExpired',
+    resolution = %(resolution)s
+WHERE id = %(job_id)s AND status = %(from_status)s
+RETURNING partition_key
+
+-- unknown_past_retention --
+-- Unknown jobs that ended longer ago than the unknown retention.
+SELECT id FROM {job}
+WHERE status = '{unknown}' AND finished_at < feishu_inbox_now_plus(-%(seconds)s)
+
+-- next_wakeup --
+-- The earliest time a claim may find work: a due head or a lease to expire.
+SELECT MIN(t) AS wakeup FROM (
+    SELECT MIN(head_due_at) AS t FROM {partition} WHERE head_state IN {claimable}
+    UNION ALL
+    SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
+) AS w
+
+-- now --
+-- The database's clock: one clock for every worker host.
+SELECT now() AS now
+
+-- count_unresolved --
+-- Jobs per unresolved state (few; counted through the status index).
+SELECT status, COUNT(*) AS n FROM {job} WHERE {unresolved} GROUP BY status
+
+-- count_completed --
+-- Completed jobs, counted exactly (only while the ledger is small: see estimate_jobs).
+SELECT COUNT(*) AS n FROM {job} WHERE status = '{completed}'
+
+-- due_and_delayed --
+-- Queued and retry-waiting jobs whose time has come, and those not yet due.
+SELECT COALESCE(SUM(CASE WHEN available_at <= now() THEN 1 ELSE 0 END), 0) AS due,
+       COALESCE(SUM(CASE WHEN available_at > now() THEN 1 ELSE 0 END), 0) AS delayed
+FROM {job} WHERE status IN {claimable}
+
+-- oldest_due --
+-- The due time of the longest-waiting claimable head (how far workers lag).
+SELECT MIN(head_due_at) AS due_at FROM {partition}
+WHERE head_state IN {claimable} AND head_due_at <= now()
+
+-- blocked_and_running_partitions --
+-- How many partitions are blocked (head failed or unknown) and how many are running.
+SELECT head_state, COUNT(*) AS n FROM {partition}
+WHERE head_state IN ('{failed}', '{unknown}', '{running}') GROUP BY head_state
+
+-- record_attempts --
+-- A history row for each job's attempt that just ended (run after the job's update).
+-- %(number_offset)s is 1 when the attempt was handed back (its number was given back).
+INSERT INTO {attempt} (job_id, number, worker_id, started_at, ended_at, outcome,
+                       error_type, error_message)
+SELECT id, attempt + %(number_offset)s, worker_id, COALESCE(claimed_at, now()), now(), status,
+       error_type, error_message
+FROM {job} WHERE id IN {job_ids}
+
+-- delete_attempts --
+-- The history of jobs about to be deleted.
+DELETE FROM {attempt} WHERE job_id IN {job_ids}
+
+-- delete_jobs --
+-- Jobs past retention (their history deleted first).
+DELETE FROM {job} WHERE id IN {job_ids}
+
+-- expire_lease_jobs --
+-- SPEC §3 Lease expiry: unknown if an effect started, else retry now or failed when the
+-- attempts are spent. Re-checks the expiry: a renewal may have landed since the probe.
+UPDATE {job} SET
+    status = {status_after_failure},
+    error_type = CASE
+        WHEN {effect_started} THEN 'LeaseExpiredAfterSideEffect'
+        ELSE 'LeaseExpired' END,
+    error_message = 'The worker ' || worker_id || ' stopped renewing its lease.',
+    available_at = now(),
+    finished_at = now(),
+    lease_token = '', lease_until = NULL
+WHERE id IN {job_ids} AND status = '{running}' AND lease_until <= now()
+RETURNING id, partition_key, status
+
+-- delete_idle_partitions --
+-- Delete those rows, if still idle.
+DELETE FROM {partition} WHERE head_state = '{idle}' AND key IN {keys}
