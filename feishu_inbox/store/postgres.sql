@@ -80,5 +80,5 @@ FOR UPDATE SKIP LOCKED
 
 -- estimate_jobs --
 -- The planner's estimate of the job table's rows, so the dashboard never counts a huge ledger.
--- SQLite keeps no such estimate: there the store reports none and completed jobs are counted.
+-- Only on PostgreSQL: SQLite keeps no such estimate; there completed jobs are counted.
 SELECT reltuples::bigint AS n FROM pg_class WHERE oid = '{job}'::regclass
