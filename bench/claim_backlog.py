@@ -21,6 +21,7 @@ def fill_backlog(n: int) -> None:
     from django.db import connection
 
     from feishu_inbox import ledger
+    from feishu_inbox.store.schema import JOB_TABLE
 
     ledger.enqueue(event_id="blocked-head", event_type="t", partition_key="blocked", payload={})
     lease = ledger.claim("setup")[0].lease
@@ -37,7 +38,7 @@ def fill_backlog(n: int) -> None:
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute(
-                f"INSERT INTO {ledger.J} ({columns}) SELECT 'default', 'b' || g, 't', 'b' || g, "
+                f"INSERT INTO {JOB_TABLE} ({columns}) SELECT 'default', 'b' || g, 't', 'b' || g, "
                 "'blocked', FALSE, '{}'::jsonb, 'queued', 0, now(), now(), '', '', 0, FALSE, "
                 "FALSE, '', '', '' FROM generate_series(1, %s) g",
                 [n],
@@ -46,7 +47,7 @@ def fill_backlog(n: int) -> None:
         else:
             cur.execute(
                 f"WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < %s) "
-                f"INSERT INTO {ledger.J} ({columns}) SELECT 'default', 'b' || i, 't', 'b' || i, "
+                f"INSERT INTO {JOB_TABLE} ({columns}) SELECT 'default', 'b' || i, 't', 'b' || i, "
                 "'blocked', 0, '{}', 'queued', 0, datetime('now'), datetime('now'), '', '', 0, "
                 "0, 0, '', '', '' FROM g",
                 [n],
