@@ -87,7 +87,19 @@ class EventWebhook(View):
             declared = 0
         if declared > limit:
             raise ProtocolError("too_large", f"The body is over {limit} bytes.", status=413)
-        body = request.read(limit + 1)
+        stream: Any = request
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            # No Content-Length: Django's request stream would read nothing. A server that
+            # de-chunks the body and ends the stream says so (gunicorn does); read it directly.
+            if not request.META.get("wsgi.input_terminated"):
+                raise ProtocolError(
+                    "length_required",
+                    "A chunked body needs a server that de-chunks it (wsgi.input_terminated, "
+                    "e.g. gunicorn); send a Content-Length instead.",
+                    status=411,
+                )
+            stream = request.META["wsgi.input"]
+        body = stream.read(limit + 1)
         if len(body) > limit:
             raise ProtocolError("too_large", f"The body is over {limit} bytes.", status=413)
         return body

@@ -307,6 +307,24 @@ def test_body_over_the_limit_is_413() -> None:
 
 
 @pytest.mark.django_db
+def test_chunked_body_without_a_server_that_dechunks_it_is_411() -> None:
+    # Django's test client, like runserver, does not set wsgi.input_terminated: the body
+    # cannot be read safely, and reading it as empty would answer a misleading invalid_json.
+    body, headers = delivery(message_event())
+    response = Client().post(
+        URL,
+        body,
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+        **django_headers(headers),
+    )
+    assert response.status_code == 411
+    assert response.json()["error"] == "length_required"
+    assert "Content-Length" in response.json()["message"]
+    assert nothing_stored()
+
+
+@pytest.mark.django_db
 def test_replay_window_can_be_turned_off() -> None:
     with override_settings(FEISHU_INBOX={"APPS": APPS, "REPLAY_WINDOW_SECONDS": None}):
         assert send(message_event(), timestamp="1000000000").status_code == 200
