@@ -6,8 +6,6 @@ Screenshots of the list, detail, confirmation and dashboard pages are saved unde
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,43 +16,19 @@ from django.db import connection
 from feishu_inbox.demo_data import fill
 from feishu_inbox.models import EventJob
 
+from .browser import chromium_context
 from .processes import ROOT
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    if not shutil.which(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail(f"CI=true and no Chromium at {CHROMIUM}: .ci/run installs it with apt-get")
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     # Playwright's sync API keeps an event loop in this thread; the ORM calls made here
     # between browser steps are plain synchronous code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        try:
-            yield context
-        finally:
-            context.close()
-            browser.close()
+    with chromium_context() as context:
+        yield context
     if connection.vendor == "postgresql":
         # The live server's request threads are daemons that Django does not join: one may
         # still hold its connection when the session drops the test database.
