@@ -1,5 +1,6 @@
 """``python manage.py rundemo``: the webhook under gunicorn and a worker, together.
 
+Collects the static files first (WhiteNoise serves the admin's CSS and JS from STATIC_ROOT).
 Stops both on Ctrl-C (SIGINT) or SIGTERM; exits when either stops.
 """
 
@@ -14,7 +15,15 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
+#: gunicorn's timeouts, said explicitly. The webhook answers in milliseconds, so a request
+#: still running after ``--timeout`` is stuck: its worker is restarted. Idle keep-alive
+#: connections close after ``--keep-alive``. On SIGTERM, requests in flight get
+#: ``--graceful-timeout``. None of these protects the threads from a slow client that sends its
+#: body byte by byte: in production, put a buffering reverse proxy in front (README).
+GUNICORN_TIMEOUTS = ["--timeout", "30", "--graceful-timeout", "10", "--keep-alive", "5"]
 
 
 class Command(BaseCommand):
@@ -26,6 +35,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         root = str(settings.BASE_DIR)
+        call_command("collectstatic", interactive=False, verbosity=0)
         sqlite = settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
         # SQLite has one writer: one server process with threads answers steadiest.
         server_args = ["--workers", "1", "--threads", "8"] if sqlite else ["--workers", "4"]
@@ -39,6 +49,7 @@ class Command(BaseCommand):
                     "--bind",
                     options["bind"],
                     *server_args,
+                    *GUNICORN_TIMEOUTS,
                     "--access-logfile",
                     "-",
                 ],
