@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
-from .models import BLOCKING, Attempt, EventJob, Partition, Status
+from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
 from .store import store
 
 
@@ -43,6 +43,10 @@ class Stats:
     oldest_due_age_seconds: float | None
     blocked_partitions: int
     running_partitions: int
+    #: Of ``due``, the jobs that are not their partition's head: they wait behind an earlier
+    #: unresolved job (running, failed, unknown, or not yet due). ``due - due_behind_head``
+    #: heads are claimable now; ``oldest_due_age_seconds`` is about those.
+    due_behind_head: int = 0
     #: True when ``counts["completed"]`` is the planner's estimate (a very large ledger).
     completed_estimated: bool = False
 
@@ -52,6 +56,7 @@ class Stats:
             "completed_estimated": self.completed_estimated,
             "due": self.due,
             "delayed": self.delayed,
+            "due_behind_head": self.due_behind_head,
             "oldest_due_age_seconds": self.oldest_due_age_seconds,
             "blocked_partitions": self.blocked_partitions,
             "running_partitions": self.running_partitions,
@@ -93,8 +98,15 @@ def stats() -> Stats:
         ),
         blocked_partitions=sum(per_state.get(s, 0) for s in BLOCKING),
         running_partitions=per_state.get(Status.RUNNING, 0),
+        due_behind_head=max(0, due - _due_heads(now)),  # two reads: clamp a job due between
         completed_estimated=estimated,
     )
+
+
+def _due_heads(now: datetime) -> int:
+    """Partitions whose head is claimable and due (the partial index on ``head_due_at``)."""
+    claimable = [PartitionState.QUEUED, PartitionState.RETRY_WAIT]
+    return Partition.objects.filter(head_state__in=claimable, head_due_at__lte=now).count()
 
 
 # --- the admin dashboard's read model ------------------------------------------------------

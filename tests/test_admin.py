@@ -231,7 +231,8 @@ def test_dashboard_queries_do_not_grow_with_the_ledger(
     fill()
     url = reverse("admin:feishu_inbox_dashboard_data")
     operator.get(url)
-    with django_assert_max_num_queries(16) as small:
+    # 17 on PostgreSQL, one of them stats' count of claimable due heads (which splits "due").
+    with django_assert_max_num_queries(17) as small:
         operator.get(url)
     for _ in range(3):
         fill()

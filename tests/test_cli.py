@@ -54,6 +54,23 @@ def test_stats_json_on_a_fresh_sqlite_database_after_migrate(tmp_path: Path) -> 
 
 
 @pytest.mark.django_db
+def test_stats_says_which_due_jobs_wait_behind_an_unresolved_head() -> None:
+    head = EventJobFactory(partition_key="chat")
+    EventJobFactory(partition_key="chat")
+    EventJobFactory(partition_key="chat")
+    (claimed,) = ledger.claim("w1")
+    assert claimed.lease.job_id == head.pk  # the head runs; the two behind it are due
+    lines = inbox("stats").splitlines()
+    assert (
+        "due 2 (0 claimable now, 2 behind an unresolved earlier job of their chat), delayed 0"
+        in lines
+    )
+    assert "oldest claimable due: -" in lines
+    stats = json.loads(inbox("stats", "--json"))
+    assert (stats["due"], stats["due_behind_head"], stats["oldest_due_age_seconds"]) == (2, 2, None)
+
+
+@pytest.mark.django_db
 def test_list_and_show() -> None:
     job = EventJobFactory(payload={"text": "你好"})
     EventJobFactory(partition_key="other")

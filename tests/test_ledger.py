@@ -563,7 +563,26 @@ def test_stats_counts_states_due_delayed_and_blocked() -> None:
         "unknown": 1,
     }
     assert (stats.due, stats.delayed, stats.blocked_partitions) == (2, 1, 2)
+    assert stats.due_behind_head == 1  # the job behind the unknown head; "q" is claimable
     assert stats.oldest_due_age_seconds is not None and stats.oldest_due_age_seconds >= 0
+
+
+def test_stats_due_jobs_all_behind_unresolved_heads_leave_no_oldest_due() -> None:
+    """Due jobs that wait behind running or blocked heads are named as such: "due 3" next to
+    "oldest due: -" would contradict itself."""
+    _failed_job("f")
+    EventJobFactory(partition_key="f")
+    EventJobFactory(partition_key="run")
+    claim_one()  # "run"'s head is running now
+    EventJobFactory(partition_key="run")
+    EventJobFactory(partition_key="run")
+    stats = ledger_stats()
+    assert (stats.due, stats.due_behind_head, stats.oldest_due_age_seconds) == (3, 3, None)
+    assert stats.as_dict()["due_behind_head"] == 3
+    EventJobFactory(partition_key="free")
+    stats = ledger_stats()
+    assert (stats.due, stats.due_behind_head) == (4, 3)
+    assert stats.oldest_due_age_seconds is not None
 
 
 def test_finish_and_claim_completes_and_claims_the_next_head() -> None:

@@ -71,8 +71,12 @@ class Command(BaseCommand):
         for state, n in stats.counts.items():
             self.stdout.write(f"{state:<11} {n}")
         age = stats.oldest_due_age_seconds
-        self.stdout.write(f"due {stats.due}, delayed {stats.delayed}")
-        self.stdout.write("oldest due: " + ("-" if age is None else f"{age:.1f}s"))
+        self.stdout.write(
+            f"due {stats.due} ({stats.due - stats.due_behind_head} claimable now, "
+            f"{stats.due_behind_head} behind an unresolved earlier job of their chat), "
+            f"delayed {stats.delayed}"
+        )
+        self.stdout.write("oldest claimable due: " + ("-" if age is None else f"{age:.1f}s"))
         self.stdout.write(f"blocked partitions: {stats.blocked_partitions}")
 
     def do_list(self, options: dict[str, Any]) -> None:
