@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +83,28 @@ def load_modules(modules: list[str]) -> None:
             import_module(name)
         except ImportError as exc:
             _problems.append(f"handler module {name!r} cannot be imported: {exc}")
+        else:
+            _record_loaded(name)
+
+
+#: The module of each installed app that ``apps.py`` autodiscovers; nothing else is discovered.
+#: A ``feishu_handlers.py`` beside ``settings.py`` (the project package, not an app) is
+#: imported only when listed in ``FEISHU_INBOX["HANDLER_MODULES"]``.
+AUTODISCOVERED_MODULE = "feishu_handlers"
+_loaded: list[str] = []  # the listed modules imported by load_modules
+
+
+def _record_loaded(name: str) -> None:
+    if name not in _loaded:
+        _loaded.append(name)
+
+
+def loaded_modules() -> list[str]:
+    """The handler modules imported: each installed app's autodiscovered one, then the listed."""
+    from django.apps import apps
+
+    found = [f"{config.name}.{AUTODISCOVERED_MODULE}" for config in apps.get_app_configs()]
+    return [name for name in found if name in sys.modules and name not in _loaded] + _loaded
 
 
 # --- what a running handler sees --------------------------------------------------------------

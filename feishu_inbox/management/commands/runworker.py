@@ -1,4 +1,9 @@
-"""``python manage.py runworker``: thin over ``worker.Worker``."""
+"""``python manage.py runworker``: thin over ``worker.Worker``.
+
+It logs to stderr by itself when the site configured no logging for ``feishu_inbox`` (as
+Celery's and procrastinate's workers do): a fresh ``startproject`` site has none, and a worker
+that prints nothing hides a handler module that was never imported.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,16 @@ import logging
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
+from feishu_inbox import handlers
 from feishu_inbox.errors import ConfigurationError
 from feishu_inbox.worker import Worker, WorkerOptions
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+log = logging.getLogger("feishu_inbox.worker")
 
 
 class Command(BaseCommand):
@@ -31,7 +40,18 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        logging.getLogger("feishu_inbox").setLevel(LEVELS.get(options["verbosity"], logging.INFO))
+        package = logging.getLogger("feishu_inbox")
+        package.setLevel(LEVELS.get(options["verbosity"], logging.INFO))
+        added = None if site_configured_logging(package) else StderrHandler(self.stderr)
+        if added is not None:
+            package.addHandler(added)
+        try:
+            self._run(options)
+        finally:
+            if added is not None:
+                package.removeHandler(added)
+
+    def _run(self, options: dict[str, Any]) -> None:
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
         if options["lease_seconds"] is not None and options["lease_seconds"] < 1:
@@ -49,4 +69,52 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
+        log_handlers(worker.handlers)
         worker.run()
+
+
+def site_configured_logging(logger: logging.Logger) -> bool:
+    """Whether the site gave ``logger``'s records somewhere to go.
+
+    True when the logger or an ancestor it propagates to has a handler: one the site configured
+    (also a NullHandler: that silence is deliberate). ``logging.lastResort`` does not count: it
+    is used only when no handler is found, and prints warnings and errors only.
+    """
+    return logger.hasHandlers()
+
+
+class StderrHandler(logging.Handler):
+    """Log lines on the command's stderr, unstyled (they are not errors)."""
+
+    def __init__(self, stderr: OutputWrapper) -> None:
+        super().__init__()
+        self.stderr = stderr
+        self.setFormatter(logging.Formatter(FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stderr.write(self.format(record), style_func=str)
+            self.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def log_handlers(registered: dict[str, handlers.Handler]) -> None:
+    """The start line: which handler modules were imported and the event types they handle."""
+    modules = handlers.loaded_modules()
+    log.info(
+        "handler modules: %s; event types: %s",
+        ", ".join(modules) or "none",
+        ", ".join(
+            f"{t} ({fn.__module__}.{fn.__qualname__})" for t, fn in sorted(registered.items())
+        )
+        or "none",
+    )
+    if not registered:
+        log.warning(
+            "no handler is registered: every event will complete as NoHandler. Put handlers in "
+            "a %s.py module of an app in INSTALLED_APPS, or list their module in "
+            'FEISHU_INBOX["HANDLER_MODULES"] (a %s.py beside settings.py is not an app: list it).',
+            handlers.AUTODISCOVERED_MODULE,
+            handlers.AUTODISCOVERED_MODULE,
+        )
