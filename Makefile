@@ -1,16 +1,26 @@
 # The two commands of the README:
 #   make demo   the demo on SQLite: webhook server + worker (creates .venv on first use)
 #   make test   lint, type-check, checks, and the whole suite on SQLite and on PostgreSQL
+#
+# Needs make and a Python >= 3.10 that can create virtual environments (Debian/Ubuntu:
+# apt-get install make python3-venv). PYTHON chooses it: make test PYTHON=python3.12.
+# make test also needs PostgreSQL (PG_URL) and Chromium (CHROMIUM) for the browser tests.
 PYTHON ?= python3
 VENV ?= .venv
+CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
 PY := $(VENV)/bin/python
 # One database name per checkout, so two checkouts on one machine never drop each other's
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint test-sqlite test-postgres clean
+.PHONY: demo test lint test-sqlite test-postgres chromium clean
 
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
+	  echo "make: '$(PYTHON)' is not Python >= 3.10; choose one: make $(MAKECMDGOALS) PYTHON=python3.12"; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "make: '$(PYTHON)' cannot create a virtual environment; Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -35,7 +45,12 @@ test-sqlite: $(VENV)/.installed
 test-postgres: $(VENV)/.installed
 	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test: lint test-sqlite test-postgres
+# The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
+chromium:
+	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
+	  echo "make test: no Chromium at $(CHROMIUM) for the browser tests. Debian/Ubuntu: apt-get install chromium (or CHROMIUM=/path/to/chromium)"; exit 1; }
+
+test: chromium lint test-sqlite test-postgres
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3*
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles
