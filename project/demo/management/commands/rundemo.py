@@ -18,11 +18,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-#: gunicorn's timeouts, said explicitly. The webhook answers in milliseconds, so a request
-#: still running after ``--timeout`` is stuck: its worker is restarted. Idle keep-alive
-#: connections close after ``--keep-alive``. On SIGTERM, requests in flight get
-#: ``--graceful-timeout``. None of these protects the threads from a slow client that sends its
-#: body byte by byte: in production, put a buffering reverse proxy in front (README).
+#: gunicorn's timeouts, said explicitly. A worker process silent for ``--timeout`` (stuck: the
+#: webhook answers in milliseconds) is killed and restarted. Idle keep-alive connections close
+#: after ``--keep-alive``. On SIGTERM, requests in flight get ``--graceful-timeout``. None of
+#: these frees a thread that a slow client holds while it sends its body byte by byte: in
+#: production, put a buffering reverse proxy in front (README).
 GUNICORN_TIMEOUTS = ["--timeout", "30", "--graceful-timeout", "10", "--keep-alive", "5"]
 
 
