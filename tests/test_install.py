@@ -77,22 +77,16 @@ class Site:
         return str(self.venv / "bin" / "python")
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [self.python, *args],
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
-        return done
+        """``python ARGS`` with the site's interpreter, in the site's directory; must succeed."""
+        return self._call([self.python, *args])
 
     def shell(self, snippet: str) -> None:
         """A README shell snippet, run as written with the site's ``python`` first on PATH."""
+        self._call(["bash", "-euo", "pipefail", "-c", snippet])
+
+    def _call(self, command: list[str]) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", snippet],
+            command,
             cwd=self.root,
             env=self.env,
             capture_output=True,
@@ -100,7 +94,8 @@ class Site:
             timeout=120,
             check=False,
         )
-        assert done.returncode == 0, f"{snippet} failed:\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, f"{command[1:]} failed:\n{done.stdout}\n{done.stderr}"
+        return done
 
     def job(self, job_id: int) -> dict[str, object]:
         return json.loads(self.run("manage.py", "inbox", "show", str(job_id), "--json").stdout)
