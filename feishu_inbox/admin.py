@@ -17,7 +17,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -304,10 +305,19 @@ class EventJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: EventJob) -> str:
-        return format_html(
-            '<pre style="white-space:pre-wrap;max-width:70em">{}</pre>',
-            json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True),
+        # Read as the stored text (no Python decoding of a deferred field): any stored payload
+        # renders, however deep, indented when Python's recursion allows it, else as stored.
+        raw = (
+            EventJob.objects.filter(pk=obj.pk)
+            .annotate(raw=Cast("payload", TextField()))
+            .values_list("raw", flat=True)
+            .first()
         )
+        try:
+            text = json.dumps(json.loads(raw or "{}"), indent=2, ensure_ascii=False, sort_keys=True)
+        except (RecursionError, ValueError):
+            text = raw or ""
+        return format_html('<pre style="white-space:pre-wrap;max-width:70em">{}</pre>', text)
 
     @admin.display(description="jobs ahead and behind in this partition")
     def partition_neighbours(self, obj: EventJob) -> str:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .errors import InboxError
+from .payloads import MAX_JSON_DEPTH, nests_deeper_than
 
 
 class ProtocolError(InboxError):
@@ -96,6 +97,10 @@ class Envelope:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if nests_deeper_than(raw):
+        raise ProtocolError(
+            "too_deep", f"The body's JSON nests deeper than {MAX_JSON_DEPTH} levels."
+        )
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -176,10 +181,10 @@ def open_delivery(
     """
     encrypt_key = secrets.get("ENCRYPT_KEY") or ""
     token = secrets.get("VERIFICATION_TOKEN") or ""
-    outer = parse_json_object(body)
     signed = bool(encrypt_key) and any(h in headers for h in SIGNATURE_HEADERS)
-    if signed:  # before decrypting: the signature covers the raw body
+    if signed:  # before anything is parsed: the signature covers the raw body
         check_signature(headers, body, encrypt_key, replay_window=replay_window, now=now)
+    outer = parse_json_object(body)
     if "encrypt" in outer:
         if not encrypt_key:
             raise ProtocolError(
@@ -192,6 +197,8 @@ def open_delivery(
         try:
             inner = parse_json_object(inner_raw)
         except ProtocolError as exc:  # a wrong key can leave valid padding over garbage
+            if exc.code != "invalid_json":
+                raise
             raise ProtocolError(
                 "undecryptable",
                 "The body does not decrypt to a JSON object with the configured Encrypt Key.",

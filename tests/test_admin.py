@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db.models import JSONField, Value
+from django.db.models.functions import Cast
 from django.test import Client
 from django.urls import reverse
 
@@ -248,3 +250,14 @@ def test_list_page_never_counts_the_whole_ledger(operator: Client, ledger_data: 
         operator.get(reverse(CHANGELIST))
     sql = " ".join(q["sql"] for q in queries.captured_queries).upper()
     assert "COUNT(" not in sql  # the paginator reads at most COUNT_CAP + 1 ids instead
+
+
+def test_detail_page_renders_a_payload_of_any_depth(operator: Client) -> None:
+    """A payload stored before the depth limit (or by raw SQL) still renders: the page reads
+    it as text and indents it only where Python's recursion allows."""
+    job = EventJobFactory()
+    deep = "[" * 950 + "]" * 950
+    EventJob.objects.filter(pk=job.pk).update(payload=Cast(Value(deep), JSONField()))
+    response = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
+    assert response.status_code == 200
+    assert "[[[[[[[[" in response.content.decode()

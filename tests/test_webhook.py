@@ -479,3 +479,48 @@ def test_payload_the_database_cannot_store_is_400_not_503() -> None:
     response = send(envelope)
     assert (response.status_code, response.json()["error"]) == (400, "unstorable_payload")
     assert nothing_stored()
+
+
+# --- absurd nesting: refused without recursion, before or without parsing --------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "case", ["unsigned_plain", "unsigned_to_encrypted_app", "signed_encrypted", "depth_65"]
+)
+def test_absurdly_nested_json_is_400_never_500(case: str) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    if case == "unsigned_plain":
+        body, headers, url = deep, {}, "/feishu/plain/events/"
+    elif case == "unsigned_to_encrypted_app":  # no key yet known to the sender: parsed first
+        body, headers, url = deep, {}, URL
+    elif case == "signed_encrypted":  # a genuine delivery whose event nests ~956 deep
+        event = message_event()
+        event["event"]["extra"] = json.loads("[" * 950 + "]" * 950)
+        body, headers = delivery(json.dumps(event).encode())
+        url = URL
+    else:  # one level past the documented limit
+        event = message_event()
+        event["event"]["extra"] = json.loads("[" * 63 + "]" * 63)  # 65 with the envelope's two
+        body, headers = delivery(json.dumps(event).encode())
+        url = URL
+    response = post(body, headers, url=url)
+    assert response.status_code == 400
+    assert response.json()["error"] == "too_deep"
+    assert "64 levels" in response.json()["message"]
+    assert nothing_stored()
+
+
+@pytest.mark.django_db
+def test_nesting_within_the_limit_is_stored() -> None:
+    event = message_event()
+    event["event"]["extra"] = json.loads("[" * 62 + "]" * 62)  # 64 with the envelope's two
+    assert send(event).status_code == 200
+    assert EventJob.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_bad_signature_is_refused_before_the_body_is_parsed() -> None:
+    body = b"[" * 100_000  # not even JSON: the signature check comes first
+    response = post(body, signed_headers(body, "another key"))
+    assert (response.status_code, response.json()["error"]) == (401, "bad_signature")

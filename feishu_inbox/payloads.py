@@ -1,0 +1,48 @@
+"""Limits on the JSON the ledger stores, checked without recursion.
+
+A delivery (or an enqueue) nesting deeper than ``MAX_JSON_DEPTH`` is refused before anything
+parses or serialises it: Python's JSON code recurses per level, and a body of a hundred
+thousand brackets would otherwise end in a RecursionError (a 500, which Feishu redelivers for
+hours) or in a stored payload that no page can show.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: The deepest JSON nesting a payload may have (Feishu's events nest about six levels). Deeper
+#: bodies are refused before they are parsed, so parsing never recurses without bound.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_A_BRACKET = bytes(set(range(256)) - set(b"[]{}"))
+_OPENING = frozenset(b"[{")
+
+
+def nests_deeper_than(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests arrays/objects deeper than ``limit``, found without recursion:
+    strings are dropped (their brackets are text), then the brackets are counted."""
+    depth = 0
+    for char in _JSON_STRING.sub(b'""', raw).translate(None, _NOT_A_BRACKET):
+        if char in _OPENING:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def object_deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON (dicts and lists) nests deeper than ``limit``, walked with a stack:
+    the same count as ``nests_deeper_than`` over its text."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
