@@ -35,6 +35,9 @@ class InboxSettings:
     INTERRUPT_PRIVATE: bool = True
     #: Rows deleted per purge transaction (purging never holds long locks).
     PURGE_BATCH_SIZE: int = 1000
+    #: Workers purge by themselves, one at a time, at most this often (seconds); ``None``
+    #: leaves retention to ``manage.py inbox purge`` run from cron.
+    PURGE_INTERVAL: float | None = 300.0
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.
@@ -78,6 +81,11 @@ class InboxSettings:
             )
         if self.PURGE_BATCH_SIZE < 1:
             problems.append(f"PURGE_BATCH_SIZE must be at least 1 (got {self.PURGE_BATCH_SIZE}).")
+        if self.PURGE_INTERVAL is not None and self.PURGE_INTERVAL < 1:
+            problems.append(
+                "PURGE_INTERVAL must be at least 1 second, or None to purge from cron only "
+                f"(got {self.PURGE_INTERVAL})."
+            )
         if not isinstance(self.APPS, dict) or not all(
             isinstance(v, dict) for v in self.APPS.values()
         ):

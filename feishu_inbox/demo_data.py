@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from . import ledger
+from .errors import Superseded
 from .stats import stats
 
 TEXTS = [
@@ -74,6 +75,17 @@ def _claim_all(worker: str, lease: float = 60) -> list[ledger.ClaimedJob]:
     return ledger.claim(worker, lease_seconds=lease, limit=100)
 
 
+def _reply(job: ledger.ClaimedJob, *, ok: bool) -> None:
+    """What the demo bot's handler does: reply in an effect (superseded by a newer DM)."""
+    try:
+        ledger.begin_effect(job.lease)
+    except Superseded:
+        ledger.finish(job.lease, superseded=True)
+        return
+    ledger.end_effect(job.lease, ok=ok)
+    ledger.finish(job.lease)
+
+
 def fill() -> dict[str, int]:
     worker = "demo-worker-1"
     # Completed conversations.
@@ -81,16 +93,12 @@ def fill() -> dict[str, int]:
         _enqueue(f"oc_done_{c}", 4)
     while jobs := _claim_all(worker):
         for job in jobs:
-            ledger.begin_effect(job.lease)
-            ledger.end_effect(job.lease, ok=True)
-            ledger.finish(job.lease)
+            _reply(job, ok=True)
     # Unknown: the reply call raised; two more messages wait behind each.
     for c in range(2):
         _enqueue(f"oc_unknown_{c}", 1)
     for job in _claim_all(worker):
-        ledger.begin_effect(job.lease)
-        ledger.end_effect(job.lease, ok=False)
-        ledger.finish(job.lease)
+        _reply(job, ok=False)
     for c in range(2):
         _enqueue(f"oc_unknown_{c}", 2)
     # Failed: the LLM call kept timing out before any effect; one message waits behind each.

@@ -5,6 +5,15 @@ Operators see the same words in admin messages and in ``manage.py inbox`` output
 
 from __future__ import annotations
 
+#: Error messages kept on a job are cut to this many characters.
+ERROR_MESSAGE_LIMIT = 4000
+
+
+def truncate(message: str) -> str:
+    if len(message) <= ERROR_MESSAGE_LIMIT:
+        return message
+    return message[: ERROR_MESSAGE_LIMIT - 1] + "…"
+
 
 class InboxError(Exception):
     """Base class: a stable ``code``, a ``message`` and a ``fix``."""
@@ -58,5 +67,10 @@ class LeaseLost(LedgerError):
     )
 
 
-class Superseded(Exception):
-    """Raised by ``checkpoint()`` when a newer private message waits in the same chat."""
+class Superseded(BaseException):
+    """Raised by ``checkpoint()`` (and by entering ``effect()``) when a newer private message
+    waits in the same chat.
+
+    A ``BaseException``, as ``asyncio.CancelledError`` is: a handler's broad
+    ``except Exception`` cannot swallow it and go on to the effect the user replaced.
+    """

@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from .errors import ConfigurationError, LeaseLost, Superseded
 
@@ -128,12 +130,21 @@ class JobContext:
 
     lease: Any  # ledger.Lease (kept untyped here: this module must not import models)
     event: Event
-    started: float = field(default_factory=time.monotonic)
+    #: The lease's length, and when (monotonic) the request that last set it was sent: the
+    #: worker's own, conservative estimate of how long the lease lasts.
+    lease_seconds: float = 60.0
     renewed_at: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
     lost: threading.Event = field(default_factory=threading.Event)
     interrupt: threading.Event = field(default_factory=threading.Event)
     effects_started: bool = False
+    #: This attempt's effects in flight (the worker is the only writer of its job's count).
+    effects_in_flight: int = 0
     on_lost: Callable[[JobContext], None] | None = None
+
+    def lease_left(self) -> float:
+        """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""
+        return self.renewed_at + self.lease_seconds - time.monotonic()
 
     def mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -145,6 +156,57 @@ class JobContext:
     def ensure_alive(self) -> None:
         if self.lost.is_set():
             raise LeaseLost(f"Job {self.event.job_id} lost its lease; stop working on it.")
+
+
+T = TypeVar("T")
+
+#: Database errors of the connection, not of the statement: the server was away (restarted,
+#: failed over, the SQLite file locked past its busy timeout). A write may be tried again.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+#: The first wait before trying a write again, doubled up to the longest.
+RETRY_FIRST_DELAY = 0.05
+RETRY_LONGEST_DELAY = 1.0
+#: A write is not tried again when the lease has less than this left by the worker's clock.
+LEASE_MARGIN = 1.0
+
+
+def write(ctx: JobContext, doing: str, op: Callable[[bool], T]) -> T:
+    """Run a ledger write of this job; when the database blinks, reconnect and try again,
+    while the lease lasts (SPEC §6).
+
+    ``op(retrying)`` is called with ``retrying=True`` after the first try, whose reply may have
+    been lost after it landed: every ledger write is fenced by the lease token and written so
+    that a retry can never apply twice or after a takeover. Raises ``LeaseLost`` (and marks the
+    job lost) when the lease runs out before the database is back.
+    """
+    delay, retrying = RETRY_FIRST_DELAY, False
+    while True:
+        try:
+            return op(retrying)
+        except TRANSIENT_ERRORS as exc:
+            drop_connection()
+            left = ctx.lease_left() - LEASE_MARGIN
+            if left <= 0:
+                why = f"the ledger was unreachable until its lease ran out ({exc})"
+                ctx.mark_lost(why)
+                raise LeaseLost(f"Cannot {doing} job {ctx.event.job_id}: {why}.") from exc
+            log.warning(
+                "job %s: could not %s (%s); trying again while its lease lasts (%.0fs)",
+                ctx.event.job_id,
+                doing,
+                str(exc).strip() or type(exc).__name__,
+                left,
+            )
+            time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
+            delay, retrying = min(delay * 2, RETRY_LONGEST_DELAY), True
+
+
+def drop_connection() -> None:
+    """Close this thread's broken connection; the next query opens a new one."""
+    try:
+        connection.close()
+    except DatabaseError:  # closing a dead connection can fail too; it is gone either way
+        log.debug("closing a broken connection failed", exc_info=True)
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("feishu_inbox_job")
@@ -204,30 +266,56 @@ class effect:
 
 
 def _begin_effect(ctx: JobContext) -> None:
-    """Record the effect's start; refused (LeaseLost) once the lease is gone."""
+    """Record the effect's start; refused (LeaseLost) once the lease is gone, and refused
+    (Superseded) when a newer private message waits: then nothing started."""
     from . import ledger
 
     ctx.ensure_alive()
+    in_flight = ctx.effects_in_flight + 1
+    retried = False
+
+    def begin(retrying: bool) -> None:
+        nonlocal retried
+        retried = retried or retrying
+        ledger.begin_effect(ctx.lease, in_flight=in_flight)
+
     try:
-        ledger.begin_effect(ctx.lease)
+        write(ctx, "start an effect of", begin)
     except LeaseLost as lost:
         ctx.mark_lost(str(lost))
         raise
+    except Superseded:
+        ctx.interrupt.set()
+        if retried:  # a first try may have landed before its reply was lost: nothing ran
+            write(
+                ctx,
+                "settle an effect that never started in",
+                lambda _: ledger.end_effect(ctx.lease, ok=True, in_flight=ctx.effects_in_flight),
+            )
+        raise
+    ctx.effects_in_flight = in_flight
     ctx.effects_started = True
 
 
 def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
-    """Record the effect's end. If the record cannot be written, the lease is gone: the job
-    becomes ``unknown`` by lease expiry (an effect started). The handler's own exception, if
-    any, is the one that propagates."""
+    """Record the effect's end (tried again through a database blink). If it cannot be
+    written, the lease is gone: the job becomes ``unknown`` by lease expiry (an effect
+    started). The handler's own exception, if any, is the one that propagates."""
     from . import ledger
 
+    in_flight = ctx.effects_in_flight - 1
     try:
-        ledger.end_effect(ctx.lease, ok=exc_type is None)
+        write(
+            ctx,
+            "end an effect of",
+            lambda _: ledger.end_effect(ctx.lease, ok=exc_type is None, in_flight=in_flight),
+        )
     except LeaseLost as lost:
         ctx.mark_lost(str(lost))
         if exc_type is None:
             raise
+    else:
+        ctx.effects_in_flight = in_flight
 
 
 async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:

@@ -2,8 +2,8 @@
 
 Every operation is one database transaction, run by the store (``store/``): this module checks
 the arguments, states the rules (fencing, leases, backoff, which state an operator action
-starts from) and turns what the store found into results or typed errors (``errors.py``). A
-refused operation changes nothing.
+starts from) and turns what the store found into results or typed errors. A refused operation
+changes nothing; a retried write never applies twice (the lease token fences it).
 
 Concurrency rules, kept by both stores' SQL (SQLite has one writer, so they hold trivially):
 
@@ -11,9 +11,8 @@ Concurrency rules, kept by both stores' SQL (SQLite has one writer, so they hold
 - The partition row mirrors its head (first non-completed job). Whoever changes a head locks the
   partition row *first*, then recomputes the head in a later statement, so it sees every
   enqueue that committed before it got the lock; an enqueue that comes later finds the new head.
-- Enqueue takes the receipt sequence (the job id) while holding the partition row lock, so within
-  a partition sequence order is commit order.
-- Times are the database's clock (``now()`` on PostgreSQL), never the worker host's.
+- Enqueue takes the receipt sequence (the job id) under the partition row lock: within a
+  partition sequence order is commit order. Times are the database's clock, not the host's.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,16 +30,13 @@ from typing import Any
 from django.db import connection
 
 from .conf import InboxSettings, checked_settings
-from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError
+from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError, Superseded, truncate
 from .models import EventJob, Resolution, Status
+from .payloads import MAX_JSON_DEPTH, object_deeper_than
 from .store import Row, store
 from .store.base import aware
 
 log = logging.getLogger("feishu_inbox.ledger")
-
-#: Error messages kept on a job are cut to this many characters.
-ERROR_MESSAGE_LIMIT = 4000
-
 
 # --- results -------------------------------------------------------------------------------
 
@@ -102,25 +98,11 @@ class Outcome:
     refused: dict[int, LedgerError] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class PurgeResult:
-    completed_deleted: int
-    unknown_expired: int
-    #: Idle partition rows (one per chat) with no job left in the ledger.
-    partitions_deleted: int = 0
-
-
 def backoff_seconds(attempt: int, conf: InboxSettings | None = None) -> float:
     """Delay before retrying after failed attempt number ``attempt`` (1-based)."""
     conf = conf or checked_settings()
     ceiling = min(conf.BACKOFF_CAP, conf.BACKOFF_BASE * 2 ** max(attempt - 1, 0))
     return ceiling * (1 - conf.BACKOFF_JITTER * random.random())
-
-
-def truncate(message: str) -> str:
-    if len(message) <= ERROR_MESSAGE_LIMIT:
-        return message
-    return message[: ERROR_MESSAGE_LIMIT - 1] + "…"
 
 
 # --- enqueue -------------------------------------------------------------------------------
@@ -165,6 +147,11 @@ def enqueue(
             f"enqueue needs payload as a dict (got {type(payload).__name__}).",
             fix="Pass the decoded event envelope; nothing was stored.",
         )
+    if payload_json is None and object_deeper_than(payload):  # the webhook checked its text
+        raise LedgerError(
+            f"enqueue needs a payload nested at most {MAX_JSON_DEPTH} levels deep.",
+            fix="Flatten the payload; nothing was stored.",
+        )
     if payload_json is None:
         payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
             payload, connection, prepared=False
@@ -206,12 +193,18 @@ def _lease_seconds(lease_seconds: float | None) -> float:
 
 
 def claim(
-    worker_id: str, *, lease_seconds: float | None = None, limit: int = 1
+    worker_id: str,
+    *,
+    lease_seconds: float | None = None,
+    limit: int = 1,
+    token: str | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` due partition heads, lowest receipt sequence first.
 
     Expired leases are recovered first (SPEC §3): by every claim that finds nothing, and by a
-    busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds.
+    busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds. ``token`` (default: a new
+    one) becomes the jobs' lease token; a claim whose reply was lost finds its jobs again with
+    ``claimed_with`` and that token.
     """
     if not worker_id or len(worker_id) > 128:
         raise LedgerError("claim needs a worker_id of 1 to 128 characters.")
@@ -219,11 +212,20 @@ def claim(
     if limit < 1:
         return []
     swept = _maybe_sweep()
-    token = uuid.uuid4().hex
+    token = token or new_token()
     rows = store().claim(worker_id, token, seconds, limit)
     if not rows and not swept and expire_leases():
         rows = store().claim(worker_id, token, seconds, limit)
     return _claimed(rows, worker_id, token)
+
+
+def claimed_with(worker_id: str, token: str) -> list[ClaimedJob]:
+    """The jobs a claim (or finish-and-claim) with this token took and still runs."""
+    return _claimed(store().claimed_with(worker_id, token), worker_id, token)
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
 
 
 # --- fenced operations of the lease holder -------------------------------------------------
@@ -255,28 +257,51 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
     return deadline
 
 
-def begin_effect(lease: Lease) -> None:
-    """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects)."""
-    if not store().begin_effect(lease):
-        raise _lease_lost(lease, "start an effect for")
+def begin_effect(lease: Lease, *, in_flight: int | None = None) -> None:
+    """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects).
+
+    ``in_flight``: how many of this attempt's effects are in flight once this one begins,
+    written as a value so a retried call cannot count one effect twice (None: one more than
+    now). Raises ``Superseded`` instead when a newer private message waits: nothing started.
+    """
+    interrupt = checked_settings().INTERRUPT_PRIVATE
+    if store().begin_effect(lease, in_flight=in_flight, interrupt_private=interrupt):
+        return
+    if _why_not_held(lease) is None:
+        raise Superseded(
+            f"Job {lease.job_id} was superseded by a newer message; its effect was not started."
+        )
+    raise _lease_lost(lease, "start an effect for")
 
 
-def end_effect(lease: Lease, *, ok: bool) -> None:
-    """Record the effect as finished (``ok``) or uncertain (it raised)."""
-    if not store().end_effect(lease, uncertain=not ok):
+def end_effect(lease: Lease, *, ok: bool, in_flight: int | None = None) -> None:
+    """Record the effect as finished (``ok``) or uncertain (it raised); ``in_flight`` is how
+    many of this attempt's effects are still in flight after it."""
+    if not store().end_effect(lease, in_flight=in_flight, uncertain=not ok):
         raise _lease_lost(lease, "end an effect of")
 
 
-def finish(lease: Lease, *, superseded: bool = False, note: str = "") -> str:
+def finish(
+    lease: Lease, *, superseded: bool = False, note: str = "", retrying: bool = False
+) -> str:
     """The handler returned: ``completed``, or ``unknown`` if an effect is open or uncertain.
 
     ``superseded`` records that a newer private message replaced this one (SPEC §4); ``note``
-    is an error type kept on a completed job (``NoHandler``).
+    is an error type kept on a completed job (``NoHandler``). ``retrying``: this call repeats
+    one whose reply was lost (see ``_ended_before``); so do ``fail`` and ``hand_back``.
     """
     status = store().finish(lease, "Superseded" if superseded else note)
-    if status is None:
-        raise _lease_lost(lease, "finish")
-    return status
+    return status or _ended_before(lease, "finish", retrying)
+
+
+def _ended_before(lease: Lease, doing: str, retrying: bool) -> str:
+    """A fenced end of attempt matched nothing. When ``retrying`` a call whose reply was lost
+    (the connection broke) and this lease's end is recorded, that earlier try landed: its
+    outcome is the answer, so a retry never applies twice. Otherwise the lease is lost."""
+    landed = store().ended_with(lease) if retrying else None
+    if landed is None:
+        raise _lease_lost(lease, doing)
+    return landed
 
 
 def finish_and_claim(
@@ -286,18 +311,21 @@ def finish_and_claim(
     lease_seconds: float | None = None,
     superseded: bool = False,
     note: str = "",
+    token: str | None = None,
+    retrying: bool = False,
 ) -> tuple[str, list[ClaimedJob]]:
     """``finish``, then claim up to ``limit`` next heads for the same worker.
 
     Both happen in one transaction (on PostgreSQL in one statement): one round trip and one
     commit per job instead of two, for a worker whose slot would otherwise claim again at once.
     Nothing is claimed if the lease was lost (LeaseLost is raised, as by ``finish``).
+    ``token`` is the claimed jobs' lease token (see ``claim``).
     """
     seconds = _lease_seconds(lease_seconds)
     if limit < 1:
-        return finish(lease, superseded=superseded, note=note), []
+        return finish(lease, superseded=superseded, note=note, retrying=retrying), []
     _maybe_sweep()
-    token = uuid.uuid4().hex
+    token = token or new_token()
     status, rows = store().finish_and_claim(
         lease,
         "Superseded" if superseded else note,
@@ -305,12 +333,19 @@ def finish_and_claim(
         lease_seconds=seconds,
         limit=limit,
     )
-    if status is None:
-        raise _lease_lost(lease, "finish")
+    if status is None:  # lost, or a retry of a finish that landed: then find what it claimed
+        return _ended_before(lease, "finish", retrying), claimed_with(lease.worker_id, token)
     return status, _claimed(rows, lease.worker_id, token)
 
 
-def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | None = None) -> str:
+def fail(
+    lease: Lease,
+    *,
+    error_type: str,
+    message: str = "",
+    retry_in: float | None = None,
+    retrying: bool = False,
+) -> str:
     """The handler raised: ``unknown`` if any effect started, else retry or ``failed``."""
     conf = checked_settings()
     status = store().fail(
@@ -320,14 +355,12 @@ def fail(lease: Lease, *, error_type: str, message: str = "", retry_in: float | 
         max_attempts=conf.MAX_ATTEMPTS,
         retry_in=backoff_seconds(lease.attempt, conf) if retry_in is None else retry_in,
     )
-    if status is None:
-        raise _lease_lost(lease, "fail")
-    return status
+    return status or _ended_before(lease, "fail", retrying)
 
 
-def hand_back(lease: Lease) -> str:
+def hand_back(lease: Lease, *, retrying: bool = False) -> str:
     """Return a job that started no effect to the queue at once, without spending an attempt."""
-    status = store().hand_back(lease)
+    status = store().hand_back(lease) or (store().ended_with(lease) if retrying else None)
     if status is not None:
         return status
     if _why_not_held(lease) is None:  # the lease is fine: what stopped it is the effect
@@ -366,12 +399,16 @@ class OperatorAction:
     from_status: Status
     resolution: str = Resolution.NONE
 
-    def apply(self, job_ids: Iterable[int]) -> Outcome:
+    def apply(self, job_ids: Iterable[int], *, message: str = "") -> Outcome:
         """Apply it to each job in its own transaction; refuse every other job, with why."""
         outcome = Outcome()
         for job_id in dict.fromkeys(job_ids):
             found = store().transition(
-                self.transition, job_id, from_status=self.from_status, resolution=self.resolution
+                self.transition,
+                job_id,
+                from_status=self.from_status,
+                resolution=self.resolution,
+                message=message,
             )
             if found.changed:
                 outcome.done.append(job_id)
@@ -394,7 +431,7 @@ RECONCILE_APPLIED = OperatorAction("reconcile", "mark_done", Status.UNKNOWN, Res
 RECONCILE_NOT_APPLIED = OperatorAction(
     "reconcile", "run_again", Status.UNKNOWN, Resolution.NOT_APPLIED
 )
-EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", Status.UNKNOWN)
+EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", Status.UNKNOWN, Resolution.EXPIRED)
 
 
 def requeue(job_ids: Iterable[int]) -> Outcome:
@@ -410,38 +447,3 @@ def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
 def discard(job_ids: Iterable[int]) -> Outcome:
     """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
     return DISCARD.apply(job_ids)
-
-
-# --- retention -----------------------------------------------------------------------------
-
-
-def purge(*, max_batches: int | None = None) -> PurgeResult:
-    """Delete completed jobs past retention, one small transaction per batch."""
-    conf = checked_settings()
-    expired_unknown = 0
-    if conf.UNKNOWN_RETENTION is not None:
-        old = store().unknown_past_retention(conf.UNKNOWN_RETENTION.total_seconds())
-        expired_unknown = len(EXPIRE_UNKNOWN.apply(old).done)
-    batch = conf.PURGE_BATCH_SIZE
-    retention = conf.COMPLETED_RETENTION.total_seconds()
-    return PurgeResult(
-        completed_deleted=_in_batches(
-            lambda: store().purge_completed(retention, batch), batch, max_batches
-        ),
-        unknown_expired=expired_unknown,
-        partitions_deleted=_in_batches(
-            lambda: store().purge_idle_partitions(batch), batch, max_batches
-        ),
-    )
-
-
-def _in_batches(step: Callable[[], int], batch: int, max_batches: int | None) -> int:
-    """Run ``step`` (one transaction each) until it handles less than a full batch."""
-    total = batches = 0
-    while max_batches is None or batches < max_batches:
-        done = step()
-        total += done
-        batches += 1
-        if done < batch:
-            break
-    return total

@@ -4,6 +4,7 @@
 ``Partition``  one row per conversation: a mirror of its first non-completed job (the head),
                so a claim reads one small index instead of the backlog (DESIGN-NOTES).
 ``Attempt``    one row per ended attempt: the history an operator reads in admin.
+``Maintenance``  chores the workers share (the retention purge), one row each.
 
 State changes happen only through ``ledger.py`` (its SQL lives in ``store/``).
 """
@@ -33,6 +34,7 @@ class Resolution(models.TextChoices):
     NOT_APPLIED = "not_applied", "reconciled: effect not applied, run again"
     REQUEUED = "requeued", "requeued by an operator"
     DISCARDED = "discarded", "discarded by an operator"
+    EXPIRED = "expired", "expired: unknown past UNKNOWN_RETENTION, never reconciled"
 
 
 class EventJobQuerySet(models.QuerySet["EventJob"]):
@@ -203,6 +205,9 @@ class Attempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Status.choices)
     error_type = models.CharField(max_length=128, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
+    #: The lease token of the claim this attempt ended (empty when its lease expired): a
+    #: worker that retries the end of its attempt finds here that the first try landed.
+    lease_token = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["job_id", "number"]
@@ -210,6 +215,19 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} attempt {self.number}: {self.outcome}"
+
+
+class Maintenance(models.Model):
+    """A chore every worker may do but only one at a time, at most once per interval
+    (the retention purge): a worker claims it by moving ``due_at`` forward."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    due_at = models.DateTimeField()
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    last_result = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.name} (next at {self.due_at:%Y-%m-%d %H:%M:%S})"
 
 
 def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:

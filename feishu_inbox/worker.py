@@ -5,10 +5,15 @@ Threads:
   finished job, a PostgreSQL NOTIFY, a due time or a signal sets;
 - N handler threads (daemon, each with its own persistent database connection); ``async def``
   handlers run on one event loop thread instead, so sync ones never block it;
-- a heartbeat thread renews leases every third of the lease and watches private jobs for a
-  newer message (SPEC §4); a failed renewal marks the job lost and frees its slot;
+- a heartbeat thread renews leases every third of the lease and looks for a newer private
+  message at least twice a second for every running private job (SPEC §4); a renewal refused
+  marks the job lost and frees its slot;
 - a listener thread waits for the database's wake-ups (PostgreSQL: LISTEN on its own
-  connection); on SQLite it ends at once and the main thread polls.
+  connection); on SQLite it ends at once and the main thread polls;
+- a maintenance thread runs the shared retention purge when it is this worker's turn.
+
+When the database blinks, every write about a job is tried again (``handlers.write``) while
+its lease lasts, and claims come back after a backoff of at most a second (SPEC §6).
 
 Signals: the first SIGTERM/SIGINT stops claiming and lets handlers finish for ``grace_seconds``,
 then hands back the jobs that started no effect; a second one exits at once (leases expire).
@@ -27,12 +32,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connection, connections
+from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger
+from . import handlers, ledger, retention
 from .conf import checked_settings
 from .errors import InvalidState, LeaseLost, Superseded
 from .stats import seconds_until_wakeup
@@ -44,6 +50,13 @@ log = logging.getLogger("feishu_inbox.worker")
 LISTEN_MAX_SLEEP = 30.0
 #: Shortest sleep: a due time in the past (another claimer holds it) must not make us spin.
 MIN_SLEEP = 0.05
+#: The heartbeat's longest sleep: how late a newer private message may be noticed (SPEC §4).
+HEARTBEAT_TICK = 0.5
+#: The first wait before claiming again while the database is away (doubled up to 1 s).
+CLAIM_RETRY_FIRST_DELAY = 0.1
+#: How often, at most, a worker asks whether the shared retention purge is due (it runs once
+#: per PURGE_INTERVAL across all workers).
+MAINTENANCE_TICK = 30.0
 
 
 _checked = threading.local()
@@ -105,7 +118,7 @@ class _Pool:
             task = self._tasks.get()
             try:
                 task()
-            except Exception:
+            except BaseException:  # the thread must live on for the next job
                 log.exception("unexpected error in a handler thread")
             with self._lock:
                 self._idle += 1
@@ -155,6 +168,7 @@ class _Slots:
                 del self._held[ctx.event.job_id]
             if successor is not None:
                 self._held[successor.event.job_id] = successor
+                return  # the slot passed on: nothing for the claimer to do
         self._wake.set()
 
     def reserve(self, max_jobs: int | None) -> int:
@@ -192,10 +206,15 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
+        self._check_private = threading.Event()  # a NOTIFY named a running private job's chat
         self._slots = _Slots(self._wake)
         self._pool = _Pool()
         self._async = _AsyncRunner()
         self._listening = False
+        #: Seconds to wait before the next claim while the database is away (0: it is not).
+        self._db_backoff = 0.0
+        #: The token of a claim whose reply was lost: its jobs may be ours (``claimed_with``).
+        self._claim_token: str | None = None
         self._signals = 0
         self.outcomes: dict[str, int] = {}
 
@@ -203,9 +222,12 @@ class Worker:
 
     def run(self) -> int:
         previous = self._install_signals()
-        heartbeat = threading.Thread(target=self._heartbeat, name="feishu-heartbeat", daemon=True)
-        heartbeat.start()
-        threading.Thread(target=self._listen, name="feishu-listen", daemon=True).start()
+        for name, target in (
+            ("feishu-heartbeat", self._heartbeat),
+            ("feishu-listen", self._listen),
+            ("feishu-maintenance", self._maintenance),
+        ):
+            threading.Thread(target=target, name=name, daemon=True).start()
         log.info(
             "worker %s started: concurrency %s, lease %ss, handlers for %s",
             self.worker_id,
@@ -219,6 +241,7 @@ class Worker:
         finally:
             self._done.set()
             self._wake.set()
+            self._check_private.set()
             self._restore_signals(previous)
             connections.close_all()
         log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
@@ -234,42 +257,69 @@ class Worker:
             claimed = []
             if free > 0:
                 claimed = self._claim(free)
-                for job in claimed:
-                    self._start(job)
+                for job, sent in claimed:
+                    self._start(job, sent)
                 if claimed:
                     continue
-                if self.options.burst and not self._slots:
+                if self.options.burst and not self._slots and not self._db_backoff:
                     break  # nothing is due and nothing of ours runs
             self._sleep(free > 0)
             self._wake.clear()
 
-    def _claim(self, limit: int) -> list[ledger.ClaimedJob]:
+    def _claim(self, limit: int) -> list[tuple[ledger.ClaimedJob, float]]:
+        """Claim up to ``limit`` jobs, each with when its lease was asked for (monotonic).
+
+        While the database is away, a claim fails and the next one comes after a short backoff
+        (never a long sleep: claims resume within a second of its return). A claim whose reply
+        was lost may have taken jobs: the next claim first looks for them by its token.
+        """
+        sent = time.monotonic()
         try:
             _check_connection()
-            return ledger.claim(self.worker_id, lease_seconds=self.lease_seconds, limit=limit)
+            if self._claim_token is not None:
+                recovered = ledger.claimed_with(self.worker_id, self._claim_token)
+                self._claim_token = None
+                if recovered:
+                    log.warning("recovered %s jobs of a claim whose reply was lost", len(recovered))
+                    return [(job, sent) for job in recovered]
+            self._claim_token = ledger.new_token()
+            jobs = ledger.claim(
+                self.worker_id,
+                lease_seconds=self.lease_seconds,
+                limit=limit,
+                token=self._claim_token,
+            )
+            self._claim_token = None
         except DatabaseError as exc:
-            log.error("claim failed (%s); retrying", exc)
-            connection.close()
-            self._stop.wait(min(self.poll_interval, 1.0))
+            self._database_away("claim", exc)
             return []
+        self._db_backoff = 0.0
+        return [(job, sent) for job in jobs]
+
+    def _database_away(self, doing: str, exc: DatabaseError) -> None:
+        self._db_backoff = min(max(self._db_backoff * 2, CLAIM_RETRY_FIRST_DELAY), 1.0)
+        log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
+        handlers.drop_connection()
 
     def _sleep(self, can_claim: bool) -> None:
+        if self._db_backoff:
+            self._stop.wait(self._db_backoff)
+            return
         longest = LISTEN_MAX_SLEEP if self._listening else self.poll_interval
         timeout = longest
         if can_claim:
             try:
                 until = seconds_until_wakeup()
             except DatabaseError as exc:
-                log.error("could not read the next wake-up (%s)", exc)
-                connection.close()
-                until = None
+                self._database_away("reading the next wake-up", exc)
+                return
             if until is not None:
                 timeout = min(longest, max(MIN_SLEEP, until))
         self._wake.wait(timeout)
 
     # --- one job -----------------------------------------------------------------------------
 
-    def _context(self, job: ledger.ClaimedJob) -> handlers.JobContext:
+    def _context(self, job: ledger.ClaimedJob, sent: float) -> handlers.JobContext:
         event = handlers.Event(
             job_id=job.id,
             event_id=job.event_id,
@@ -280,11 +330,19 @@ class Worker:
             attempt=job.lease.attempt,
             private_message=job.private_message,
         )
-        return handlers.JobContext(lease=job.lease, event=event, on_lost=self._slots.free)
+        return handlers.JobContext(
+            lease=job.lease,
+            event=event,
+            lease_seconds=self.lease_seconds,
+            renewed_at=sent,
+            on_lost=self._slots.free,
+        )
 
-    def _start(self, job: ledger.ClaimedJob) -> None:
-        ctx = self._context(job)
+    def _start(self, job: ledger.ClaimedJob, sent: float) -> None:
+        ctx = self._context(job, sent)
         self._slots.take(ctx)
+        if job.private_message:
+            self._check_private.set()  # a newer message may already wait
         self._pool.submit(lambda: self._run_job(ctx))
 
     def _run_job(self, ctx: handlers.JobContext | None) -> None:
@@ -298,17 +356,13 @@ class Worker:
         outcome = "error"
         following: handlers.JobContext | None = None
         try:
-            if event.private_message and ledger.should_interrupt(ctx.lease, private_message=True):
-                ctx.interrupt.set()
             outcome, following = self._execute(ctx)
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
             outcome = "lease_lost"
-        except DatabaseError as exc:
-            log.error(
-                "job %s: the ledger is unreachable (%s); its lease will expire", event.job_id, exc
-            )
-            _check_connection(force=True)
+        except DatabaseError as exc:  # not a blink (those are tried again): a bug; log it
+            log.exception("job %s: the ledger refused a write (%s)", event.job_id, exc)
+            handlers.drop_connection()
             outcome = "database_error"
         finally:
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -331,20 +385,41 @@ class Worker:
         """Finish the job and, on the same round trip, claim this slot's next one."""
         ctx.ensure_alive()
         reserved = 0 if self._stop.is_set() else self._slots.reserve(self.options.max_jobs)
+        token = ledger.new_token()  # the same for every try: a lost reply's jobs are found
+        sent = time.monotonic()
         try:
-            status, jobs = ledger.finish_and_claim(
-                ctx.lease,
-                limit=reserved,
-                lease_seconds=self.lease_seconds,
-                superseded=superseded,
-                note=note,
+            status, jobs = handlers.write(
+                ctx,
+                "finish",
+                lambda retrying: ledger.finish_and_claim(
+                    ctx.lease,
+                    limit=reserved,
+                    lease_seconds=self.lease_seconds,
+                    superseded=superseded,
+                    note=note,
+                    token=token,
+                    retrying=retrying,
+                ),
             )
         except BaseException:
             self._slots.unreserve(reserved)
             raise
         self._slots.unreserve(reserved - len(jobs))
         label = status + (" (Superseded)" if superseded else f" ({note})" if note else "")
-        return label, self._context(jobs[0]) if jobs else None
+        return label, self._context(jobs[0], sent) if jobs else None
+
+    def _fail(self, ctx: handlers.JobContext, error: BaseException) -> str:
+        ctx.ensure_alive()
+        return handlers.write(
+            ctx,
+            "fail",
+            lambda retrying: ledger.fail(
+                ctx.lease,
+                error_type=type(error).__name__,
+                message=str(error),
+                retrying=retrying,
+            ),
+        )
 
     def _execute(self, ctx: handlers.JobContext) -> tuple[str, handlers.JobContext | None]:
         fn = self.handlers.get(ctx.event.event_type)
@@ -356,7 +431,11 @@ class Worker:
 
                 async def call() -> Any:
                     handlers._current.set(ctx)
-                    return await fn(ctx.event)
+                    try:
+                        return await fn(ctx.event)
+                    except (KeyboardInterrupt, SystemExit) as exc:
+                        # Raised in the event loop they would stop it for every async handler.
+                        raise _HandlerExit(exc) from exc
 
                 self._async.run(call)
             else:
@@ -365,17 +444,16 @@ class Worker:
             return self._finish(ctx, superseded=True)
         except LeaseLost:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: the job ends now, its cause recorded
+            error = exc.original if isinstance(exc, _HandlerExit) else exc
             log.warning(
                 "job %s handler raised %s: %s",
                 ctx.event.job_id,
-                type(exc).__name__,
-                exc,
+                type(error).__name__,
+                error,
                 exc_info=True,
             )
-            ctx.ensure_alive()
-            failed = ledger.fail(ctx.lease, error_type=type(exc).__name__, message=str(exc))
-            return failed, None
+            return self._fail(ctx, error), None
         finally:
             handlers._current.reset(token)
         return self._finish(ctx)
@@ -383,50 +461,74 @@ class Worker:
     # --- heartbeat: renewals and supersede checks ------------------------------------------
 
     def _heartbeat(self) -> None:
+        """Renew every lease a third of the way through it, and look for newer private
+        messages at least once a second for every running private job (SPEC §4), whatever
+        else runs; a NOTIFY naming such a job's chat looks at once."""
         renew_every = self.lease_seconds / 3
+        tick = min(renew_every, HEARTBEAT_TICK)
         while not self._done.is_set():
-            contexts = self._slots.held()
-            watching_private = False
-            for ctx in contexts:
-                if ctx.lost.is_set():
-                    continue
-                now = time.monotonic()
-                if now - ctx.renewed_at >= renew_every:
-                    self._renew(ctx, now)
-                if ctx.event.private_message and not ctx.interrupt.is_set():
-                    watching_private = True
-                    try:
-                        if ledger.should_interrupt(ctx.lease, private_message=True):
-                            ctx.interrupt.set()
-                    except DatabaseError:
-                        connection.close()
-            tick = min(renew_every, 0.5) if watching_private else renew_every
-            if not contexts:
-                tick = min(renew_every, 1.0)
-            self._done.wait(tick)
+            for ctx in self._slots.held():
+                if not ctx.lost.is_set() and time.monotonic() - ctx.renewed_at >= renew_every:
+                    self._renew(ctx)
+            self._check_private.clear()
+            self._look_for_newer_messages()
+            self._check_private.wait(tick)
         connections.close_all()
 
-    def _renew(self, ctx: handlers.JobContext, now: float) -> None:
+    def _look_for_newer_messages(self) -> None:
+        for ctx in self._slots.held():
+            if ctx.event.private_message and not ctx.interrupt.is_set() and not ctx.lost.is_set():
+                try:
+                    if ledger.should_interrupt(ctx.lease, private_message=True):
+                        ctx.interrupt.set()
+                except DatabaseError:
+                    handlers.drop_connection()  # the database is away: look again next tick
+                    return
+
+    def _renew(self, ctx: handlers.JobContext) -> None:
+        sent = time.monotonic()
         try:
             _check_connection()
             ledger.renew(ctx.lease, lease_seconds=self.lease_seconds)
-            ctx.renewed_at = now
+            ctx.renewed_at = sent
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
         except DatabaseError as exc:
-            connection.close()
-            # Fail safe: past our own estimate of the deadline, assume the lease is gone.
-            if now - ctx.renewed_at >= self.lease_seconds:
+            handlers.drop_connection()
+            # Tried again next tick; past our own estimate of the deadline, the lease is gone.
+            if ctx.lease_left() <= 0:
                 ctx.mark_lost(f"could not renew for a whole lease ({exc})")
 
-    # --- wake-ups ----------------------------------------------------------------------------
+    # --- wake-ups and chores -----------------------------------------------------------------
 
     def _listen(self) -> None:
         """Wake-ups pushed by the database (PostgreSQL's NOTIFY); SQLite has none: we poll."""
-        store().listen(self._wake.set, self._done, self._set_listening)
+        store().listen(self._notified, self._done, self._set_listening)
+
+    def _notified(self, partition_key: str) -> None:
+        self._wake.set()
+        if any(
+            ctx.event.private_message and ctx.event.partition_key.startswith(partition_key)
+            for ctx in self._slots.held()
+        ):
+            self._check_private.set()
 
     def _set_listening(self, listening: bool) -> None:
         self._listening = listening
+
+    def _maintenance(self) -> None:
+        """The shared chores: the retention purge, when it is this worker's turn."""
+        interval = checked_settings().PURGE_INTERVAL
+        if interval is None:
+            return  # purged from cron (manage.py inbox purge)
+        while not self._done.wait(min(MAINTENANCE_TICK, interval)):
+            try:
+                _check_connection()
+                retention.purge_if_due(self.worker_id)
+            except DatabaseError as exc:
+                log.warning("retention purge failed (%s); trying again later", exc)
+                handlers.drop_connection()
+        connections.close_all()
 
     # --- shutdown ----------------------------------------------------------------------------
 
@@ -480,8 +582,20 @@ class Worker:
                 continue
             try:
                 _check_connection(force=True)
-                state = ledger.hand_back(ctx.lease)
+                state = handlers.write(ctx, "hand back", partial(_hand_back, ctx.lease))
                 ctx.mark_lost("handed back at shutdown")
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)
             except (LeaseLost, InvalidState) as exc:
                 log.warning("job %s not handed back: %s", ctx.event.job_id, exc)
+
+
+def _hand_back(lease: ledger.Lease, retrying: bool) -> str:
+    return ledger.hand_back(lease, retrying=retrying)
+
+
+class _HandlerExit(Exception):
+    """A handler's SystemExit or KeyboardInterrupt, carried out of the event loop."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original

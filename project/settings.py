@@ -106,6 +106,7 @@ FEISHU_INBOX: dict[str, object] = {
     "BACKOFF_BASE": env.float("FEISHU_INBOX_BACKOFF_BASE", default=5.0),
     "LEASE_SECONDS": env.float("FEISHU_INBOX_LEASE_SECONDS", default=60.0),
     "POLL_INTERVAL": env.float("FEISHU_INBOX_POLL_INTERVAL", default=1.0),
+    "PURGE_INTERVAL": env.float("FEISHU_INBOX_PURGE_INTERVAL", default=300.0),
     "APPS": {
         "default": {
             "ENCRYPT_KEY": env.str("FEISHU_ENCRYPT_KEY", default=""),

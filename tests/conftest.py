@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.db import connection, connections
+
+from .worker_helpers import Workers
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,3 +37,12 @@ def postgres_only() -> None:
 def close_thread_connections() -> Iterator[None]:
     yield
     connections.close_all()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(tmp_path)
+    try:
+        yield w
+    finally:
+        w.stop_all()

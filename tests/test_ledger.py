@@ -9,9 +9,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from feishu_inbox import ledger
-from feishu_inbox.errors import InvalidState, JobNotFound, LeaseLost, LedgerError
-from feishu_inbox.models import Attempt, EventJob, Partition
+from feishu_inbox import ledger, retention
+from feishu_inbox.errors import InvalidState, JobNotFound, LeaseLost, LedgerError, Superseded
+from feishu_inbox.models import Attempt, EventJob, Maintenance, Partition
+from feishu_inbox.payloads import MAX_JSON_DEPTH
 from feishu_inbox.stats import next_wakeup
 from feishu_inbox.stats import stats as ledger_stats
 
@@ -494,8 +495,8 @@ def test_purge_deletes_only_completed_jobs_past_retention_in_batches() -> None:
     long_ago = timezone.now() - timedelta(days=8)
     EventJob.objects.filter(pk__in=[j.pk for j in old] + [unknown.pk]).update(finished_at=long_ago)
     with override_settings(FEISHU_INBOX={"PURGE_BATCH_SIZE": 2}):
-        result = ledger.purge()
-    assert result == ledger.PurgeResult(
+        result = retention.purge()
+    assert result == retention.PurgeResult(
         completed_deleted=5, unknown_expired=0, partitions_deleted=5
     )
     assert set(EventJob.objects.values_list("pk", flat=True)) == {recent.pk, unknown.pk}
@@ -514,7 +515,7 @@ def test_purge_expires_unknown_only_when_configured() -> None:
     with override_settings(
         FEISHU_INBOX={"UNKNOWN_RETENTION": timedelta(days=2), "INTERRUPT_PRIVATE": False}
     ):
-        assert ledger.purge().unknown_expired == 1
+        assert retention.purge().unknown_expired == 1
     assert status(unknown.pk) == "completed"
     assert claim_one().id == behind.pk
 
@@ -607,3 +608,185 @@ def test_finish_and_claim_with_a_lost_lease_claims_nothing() -> None:
         ledger.finish_and_claim(lease, limit=1)
     assert snapshot(job.pk) == before
     assert EventJob.objects.get(pk=other.pk).status == "queued"
+
+
+# --- retried writes: a reply lost to a database blink never applies twice -----------------
+
+
+def test_a_retried_finish_finds_its_first_try_landed() -> None:
+    job = EventJobFactory()
+    lease = claim_one().lease
+    assert ledger.finish(lease) == "completed"  # its reply was "lost"
+    before = snapshot(job.pk)
+    assert ledger.finish(lease, retrying=True) == "completed"
+    assert snapshot(job.pk) == before
+    with pytest.raises(LeaseLost):  # a second finish that is not a retry is refused, as ever
+        ledger.finish(lease)
+
+
+def test_a_retry_never_applies_after_a_takeover() -> None:
+    job = EventJobFactory()
+    old = claim_one("old").lease
+    expire_lease(job.pk)
+    new = claim_one("new").lease
+    before = snapshot(job.pk)
+    for retry in (
+        lambda: ledger.finish(old, retrying=True),
+        lambda: ledger.fail(old, error_type="Boom", retrying=True),
+        lambda: ledger.hand_back(old, retrying=True),
+    ):
+        with pytest.raises(LeaseLost, match="worker new holds it"):
+            retry()
+    assert snapshot(job.pk) == before
+    assert ledger.finish(new) == "completed"
+
+
+def test_a_retried_fail_and_hand_back_return_what_landed() -> None:
+    failing, handed = EventJobFactory(partition_key="f"), EventJobFactory(partition_key="h")
+    fail_lease = claim_one().lease
+    assert ledger.fail(fail_lease, error_type="Boom", retry_in=600) == "retry_wait"
+    assert ledger.fail(fail_lease, error_type="Boom", retrying=True) == "retry_wait"
+    hand_lease = claim_one().lease
+    assert hand_lease.job_id == handed.pk
+    assert ledger.hand_back(hand_lease) == "queued"
+    assert ledger.hand_back(hand_lease, retrying=True) == "queued"
+    assert Attempt.objects.filter(job_id__in=[failing.pk, handed.pk]).count() == 2
+
+
+def test_a_claim_whose_reply_was_lost_is_found_by_its_token() -> None:
+    jobs = [EventJobFactory(partition_key=f"c{i}") for i in range(2)]
+    claimed = ledger.claim("w", limit=5, token="t" * 32)
+    assert [c.id for c in ledger.claimed_with("w", "t" * 32)] == [j.pk for j in jobs]
+    assert [c.lease for c in ledger.claimed_with("w", "t" * 32)] == [c.lease for c in claimed]
+    assert ledger.claimed_with("other", "t" * 32) == []
+    ledger.finish(claimed[0].lease)
+    assert [c.id for c in ledger.claimed_with("w", "t" * 32)] == [jobs[1].pk]
+
+
+def test_a_retried_finish_and_claim_finds_the_jobs_it_claimed() -> None:
+    first = EventJobFactory(partition_key="a")
+    second = EventJobFactory(partition_key="a")
+    lease = claim_one("w").lease
+    status, jobs = ledger.finish_and_claim(lease, limit=1, token="n" * 32)
+    assert (status, [j.id for j in jobs]) == ("completed", [second.pk])
+    again = ledger.finish_and_claim(lease, limit=1, token="n" * 32, retrying=True)
+    assert again == (status, jobs)
+    assert status == EventJob.objects.get(pk=first.pk).status
+
+
+def test_effect_counts_written_as_values_survive_a_retry() -> None:
+    job = EventJobFactory()
+    lease = claim_one().lease
+    ledger.begin_effect(lease, in_flight=1)
+    ledger.begin_effect(lease, in_flight=1)  # the retry of a begin whose reply was lost
+    assert EventJob.objects.get(pk=job.pk).effects_in_flight == 1
+    ledger.end_effect(lease, ok=True, in_flight=0)
+    ledger.end_effect(lease, ok=True, in_flight=0)  # and of its end
+    assert ledger.finish(lease) == "completed"  # not unknown: one effect, begun and ended
+
+
+# --- SPEC §4: entering an effect in a superseded job is refused ---------------------------
+
+
+def test_an_effect_is_refused_in_a_superseded_job_and_nothing_starts() -> None:
+    job = EventJobFactory(partition_key="dm", private_message=True)
+    lease = claim_one().lease
+    EventJobFactory(partition_key="dm", private_message=True)
+    before = snapshot(job.pk)
+    with pytest.raises(Superseded):
+        ledger.begin_effect(lease)
+    assert snapshot(job.pk) == before
+    assert ledger.finish(lease, superseded=True) == "completed"
+    assert EventJob.objects.get(pk=job.pk).error_type == "Superseded"
+
+
+@pytest.mark.parametrize(
+    ("newer_private", "interrupt"), [(False, True), (True, False)], ids=["group", "off"]
+)
+def test_an_effect_goes_ahead_when_nothing_supersedes(newer_private: bool, interrupt: bool) -> None:
+    EventJobFactory(partition_key="dm", private_message=True)
+    lease = claim_one().lease
+    EventJobFactory(partition_key="dm", private_message=newer_private)
+    with override_settings(FEISHU_INBOX={"INTERRUPT_PRIVATE": interrupt}):
+        ledger.begin_effect(lease)
+    assert EventJob.objects.get(pk=lease.job_id).side_effect_started
+
+
+def test_superseded_is_not_an_exception_a_handler_can_swallow() -> None:
+    assert issubclass(Superseded, BaseException) and not issubclass(Superseded, Exception)
+
+
+# --- operator flags, unknown expiry, the shared purge chore ------------------------------
+
+
+def test_reconcile_applied_leaves_no_effect_in_flight() -> None:
+    job = _unknown_job()  # its effect is still "in flight": the worker died inside it
+    ledger.reconcile([job.pk], applied=True)
+    row = EventJob.objects.get(pk=job.pk)
+    assert (row.status, row.effects_in_flight, row.effect_uncertain) == ("completed", 0, False)
+    assert row.side_effect_started  # the record says an effect happened
+
+
+def test_requeue_clears_the_previous_error() -> None:
+    job = _failed_job()
+    ledger.requeue([job.pk])
+    row = EventJob.objects.get(pk=job.pk)
+    assert (row.status, row.error_type, row.error_message) == ("queued", "", "")
+    assert Attempt.objects.get(job_id=job.pk).error_type == "Boom"  # the history keeps it
+
+
+def test_an_expired_unknown_job_keeps_its_history_for_the_completed_retention() -> None:
+    unknown = _unknown_job()
+    ten_days_ago = timezone.now() - timedelta(days=10)  # past both retentions
+    EventJob.objects.filter(pk=unknown.pk).update(finished_at=ten_days_ago)
+    with override_settings(
+        FEISHU_INBOX={"UNKNOWN_RETENTION": timedelta(days=2), "INTERRUPT_PRIVATE": False}
+    ):
+        result = retention.purge(by="worker w-1")
+    assert (result.unknown_expired, result.completed_deleted) == (1, 0)
+    row = EventJob.objects.get(pk=unknown.pk)  # not deleted by the same purge
+    assert (row.status, row.error_type, row.resolution) == (
+        "completed",
+        "UnknownExpired",
+        "expired",
+    )
+    assert row.finished_at is not None and row.finished_at > timezone.now() - timedelta(minutes=1)
+    assert "UNKNOWN_RETENTION" in row.error_message and "worker w-1" in row.error_message
+    assert Attempt.objects.filter(job_id=unknown.pk).exists()
+
+
+def test_the_purge_chore_goes_to_one_worker_per_interval() -> None:
+    with override_settings(FEISHU_INBOX={"PURGE_INTERVAL": 600}):
+        assert retention.purge_if_due("w1") is not None
+        assert retention.purge_if_due("w2") is None  # not due again for ten minutes
+        Maintenance.objects.update(due_at=timezone.now() - timedelta(seconds=1))
+        assert retention.purge_if_due("w2") is not None
+    chore = Maintenance.objects.get(name="purge")
+    assert chore.worker_id == "w2" and chore.last_result.startswith("w2: deleted 0")
+    with override_settings(FEISHU_INBOX={"PURGE_INTERVAL": None}):
+        Maintenance.objects.update(due_at=timezone.now() - timedelta(seconds=1))
+        assert retention.purge_if_due("w3") is None  # purged from cron only
+
+
+def test_lease_expiry_on_the_last_attempt_is_worker_crashed() -> None:
+    job = EventJobFactory()
+    with override_settings(FEISHU_INBOX={"MAX_ATTEMPTS": 2}):
+        for _ in range(2):
+            claim_one("crashing")
+            expire_lease(job.pk)
+            ledger.expire_leases()
+    row = EventJob.objects.get(pk=job.pk)
+    assert (row.status, row.error_type, row.attempt) == ("failed", "WorkerCrashed", 2)
+    assert "crashed" in row.error_message
+    outcomes = list(Attempt.objects.filter(job=job).values_list("outcome", "error_type"))
+    assert outcomes == [("retry_wait", "LeaseExpired"), ("failed", "WorkerCrashed")]
+
+
+def test_enqueue_refuses_a_payload_nested_too_deep() -> None:
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(MAX_JSON_DEPTH):
+        node["a"] = node = {}
+    with pytest.raises(LedgerError, match="nested at most 64 levels"):
+        ledger.enqueue(event_id="deep", event_type="t", partition_key="c", payload=deep)
+    assert not EventJob.objects.exists()

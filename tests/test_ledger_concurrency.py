@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from feishu_inbox import ledger
+from feishu_inbox import ledger, retention
 from feishu_inbox.models import Attempt, EventJob, Partition
 from feishu_inbox.store.schema import JOB_TABLE, PARTITION_TABLE
 
@@ -266,6 +266,6 @@ def test_purge_skips_a_partition_an_enqueue_holds() -> None:
         lambda: ledger.enqueue(event_id="n", event_type="t", partition_key="quiet", payload={})
     ) as enqueued:
         started = time.monotonic()
-        assert ledger.purge().partitions_deleted == 0  # skipped, not waited for
+        assert retention.purge().partitions_deleted == 0  # skipped, not waited for
         assert time.monotonic() - started < 5
     assert [j.id for j in ledger.claim("w")] == [enqueued.job_id]

@@ -59,6 +59,37 @@ def steps(event: Event) -> None:
                 feishu_inbox.checkpoint()
                 time.sleep(0.02)
             raise TimeoutError("never superseded")
+        elif kind == "work":  # the handler's own work (an LLM call, say), arg seconds
+            time.sleep(float(arg))
+        elif kind == "checkpoints":  # checkpoints between pieces of work for arg seconds
+            deadline = time.monotonic() + float(arg)
+            while time.monotonic() < deadline:
+                feishu_inbox.checkpoint()
+                time.sleep(0.02)
+        elif kind == "swallow_checkpoint":  # checkpoints for 5 s, each in a broad except
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    feishu_inbox.checkpoint()
+                except Exception:
+                    record("swallowed", event.event_id, pid)
+                time.sleep(0.02)
+        elif kind == "swallow_everything":  # even BaseException: effect() must still refuse
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    feishu_inbox.checkpoint()
+                except BaseException:
+                    record("swallowed", event.event_id, pid)
+                    break
+                time.sleep(0.02)
+        elif kind == "exit":
+            raise SystemExit(arg or "a handler called sys.exit")
+        elif kind == "interrupt":
+            raise KeyboardInterrupt(arg or "a handler raised KeyboardInterrupt")
+        elif kind == "os_exit":
+            record("dying", event.event_id, pid)
+            os._exit(3)
     record("end", event.event_id, pid, time.monotonic_ns())
 
 
@@ -67,6 +98,8 @@ async def async_steps(event: Event) -> None:
     pid = os.getpid()
     record("start", event.event_id, pid, time.monotonic_ns(), event.attempt)
     await asyncio.sleep(0)
+    if "interrupt" in event.payload.get("steps", []):
+        raise KeyboardInterrupt("an async handler raised KeyboardInterrupt")
     feishu_inbox.checkpoint()
     async with feishu_inbox.effect():
         record("effect", event.event_id, pid)

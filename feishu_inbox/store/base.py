@@ -115,9 +115,13 @@ class SqlStore:
         """Wake idle workers when the transaction commits (PostgreSQL); SQLite workers poll."""
 
     def listen(
-        self, wake: Callable[[], None], done: threading.Event, listening: Callable[[bool], None]
+        self,
+        wake: Callable[[str], None],
+        done: threading.Event,
+        listening: Callable[[bool], None],
     ) -> None:
-        """Call ``wake`` on every notification until ``done``; returns at once without them.
+        """Call ``wake(partition key)`` on every notification until ``done``; returns at once
+        where the database sends none.
 
         ``listening(True)`` says wake-ups arrive (a worker may then sleep long),
         ``listening(False)`` that they stopped (it polls again).
@@ -140,9 +144,14 @@ class SqlStore:
         for key in sorted(set(keys)):
             self.execute("resync_head", {"partition_key": key})
 
-    def record_attempts(self, job_ids: list[int], *, number_offset: int = 0) -> None:
+    def record_attempts(
+        self, job_ids: list[int], *, number_offset: int = 0, token: str = ""
+    ) -> None:
         if job_ids:
-            self.execute("record_attempts", {"job_ids": job_ids, "number_offset": number_offset})
+            self.execute(
+                "record_attempts",
+                {"job_ids": job_ids, "number_offset": number_offset, "token": token},
+            )
 
     # --- the lease holder ------------------------------------------------------------------
 
@@ -151,15 +160,22 @@ class SqlStore:
             found = self.row("renew", {**fence_params(fence), "lease_seconds": lease_seconds})
         return None if found is None else aware(found["lease_until"])
 
-    def begin_effect(self, fence: Fence) -> bool:
+    def begin_effect(self, fence: Fence, *, in_flight: int | None, interrupt_private: bool) -> bool:
+        params = {"in_flight": in_flight, "interrupt_private": interrupt_private}
         with self.write():
-            return self.row("begin_effect", fence_params(fence)) is not None
+            return self.row("begin_effect", {**fence_params(fence), **params}) is not None
 
-    def end_effect(self, fence: Fence, *, uncertain: bool) -> bool:
+    def end_effect(self, fence: Fence, *, in_flight: int | None, uncertain: bool) -> bool:
+        params = {"in_flight": in_flight, "uncertain": uncertain}
         with self.write():
-            return (
-                self.row("end_effect", {**fence_params(fence), "uncertain": uncertain}) is not None
-            )
+            return self.row("end_effect", {**fence_params(fence), **params}) is not None
+
+    def ended_with(self, fence: Fence) -> str | None:
+        found = self.row("ended_with", fence_params(fence))
+        return None if found is None else str(found["status"])
+
+    def claimed_with(self, worker_id: str, token: str) -> list[Row]:
+        return self.rows("claimed_with", {"worker_id": worker_id, "token": token})
 
     def hand_back(self, fence: Fence) -> str | None:
         with self.transaction():
@@ -167,7 +183,7 @@ class SqlStore:
             found = self.row("hand_back", fence_params(fence))
             if found is None:
                 return None
-            self.record_attempts([fence.job_id], number_offset=1)
+            self.record_attempts([fence.job_id], number_offset=1, token=fence.token)
             self.resync_heads([fence.partition_key])
             self.notify(fence.partition_key)
         return str(found["status"])
@@ -203,7 +219,7 @@ class SqlStore:
         return expired
 
     def transition(
-        self, name: str, job_id: int, *, from_status: str, resolution: str
+        self, name: str, job_id: int, *, from_status: str, resolution: str, message: str = ""
     ) -> Transition:
         """Apply operator transition ``name`` if the job is ``from_status``; one transaction."""
         with self.transaction():
@@ -212,7 +228,13 @@ class SqlStore:
                 return Transition(found=False)
             self.lock_partitions([found["partition_key"]])
             changed = self.row(
-                name, {"job_id": job_id, "from_status": from_status, "resolution": resolution}
+                name,
+                {
+                    "job_id": job_id,
+                    "from_status": from_status,
+                    "resolution": resolution,
+                    "message": message,
+                },
             )
             if changed is None:
                 status = self.row("job_status", {"job_id": job_id})
@@ -241,6 +263,17 @@ class SqlStore:
             if keys:
                 self.execute("delete_idle_partitions", {"keys": keys})
         return len(keys)
+
+    def claim_chore(self, name: str, worker_id: str, interval: float) -> bool:
+        """Take a shared chore if it is due (one worker wins); False when not due."""
+        with self.write():
+            self.execute("ensure_chore", {"name": name})
+            params = {"name": name, "worker_id": worker_id, "interval": interval}
+            return self.row("claim_chore", params) is not None
+
+    def record_chore(self, name: str, result: str) -> None:
+        with self.write():
+            self.execute("record_chore", {"name": name, "result": result})
 
     # --- reads -------------------------------------------------------------------------------
 

@@ -37,16 +37,22 @@ WHERE {fence}
 RETURNING lease_until
 
 -- begin_effect --
--- Persist "an effect is in flight" before the effect starts (fenced).
-UPDATE {job} SET effects_in_flight = effects_in_flight + 1, side_effect_started = TRUE
-WHERE {fence}
+-- Persist "an effect is in flight" before the effect starts (fenced), unless a newer private
+-- message supersedes this job (SPEC §4: entering an effect in a superseded job is refused).
+-- The worker writes the count as a value (%(in_flight)s), not an increment: a retry after a
+-- lost reply cannot count one effect twice (the lease holder is its job's only writer).
+-- NULL increments it instead (a caller that does not count).
+UPDATE {job} SET effects_in_flight = COALESCE(%(in_flight)s, effects_in_flight + 1),
+    side_effect_started = TRUE
+WHERE {fence} AND NOT ({superseded})
 RETURNING id
 
 -- end_effect --
 -- Record an effect as finished, or uncertain when it raised (fenced; one must be in flight).
-UPDATE {job} SET effects_in_flight = effects_in_flight - 1,
+-- A value, as in begin_effect (a retry changes nothing more), or NULL to decrement.
+UPDATE {job} SET effects_in_flight = COALESCE(%(in_flight)s, effects_in_flight - 1),
                  effect_uncertain = (effect_uncertain OR %(uncertain)s)
-WHERE {fence} AND effects_in_flight > 0
+WHERE {fence} AND effects_in_flight > COALESCE(%(in_flight)s - 1, 0)
 RETURNING id
 
 -- hand_back --
@@ -67,9 +73,7 @@ FROM {job} WHERE id = %(job_id)s
 
 -- newer_private_waiting --
 -- Is the next unresolved job of this partition a private message? (SPEC §4 supersede)
-SELECT private_message FROM {job}
-WHERE partition_key = %(partition_key)s AND id > %(job_id)s AND {unresolved}
-ORDER BY partition_key, id LIMIT 1
+SELECT {next_is_private} AS private_message
 
 -- job_partition --
 -- The partition of a job (an operator action locks it before the job).
@@ -85,21 +89,24 @@ SELECT status FROM {job} WHERE id = %(job_id)s
 -- precondition is a parameter: the ledger says which state each action starts from.
 UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
     effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
-    resolution = %(resolution)s
+    error_type = '', error_message = '', resolution = %(resolution)s
 WHERE id = %(job_id)s AND status = %(from_status)s
 RETURNING partition_key
 
 -- mark_done --
 -- An operator's "consider it done" (discard a failed job; reconcile an unknown one as
--- applied): completed, its partition unblocked.
-UPDATE {job} SET status = '{completed}', finished_at = now(), resolution = %(resolution)s
+-- applied): completed, its partition unblocked. No effect is in flight or uncertain any more:
+-- the operator settled it (side_effect_started stays, for the record).
+UPDATE {job} SET status = '{completed}', finished_at = now(), resolution = %(resolution)s,
+    effects_in_flight = 0, effect_uncertain = FALSE
 WHERE id = %(job_id)s AND status = %(from_status)s
 RETURNING partition_key
 
 -- expire_unknown --
--- unknown → completed (UnknownExpired) after the unknown retention.
-UPDATE {job} SET status = '{completed}', error_type = 'UnknownExpired',
-    resolution = %(resolution)s
+-- unknown → completed (UnknownExpired) after the unknown retention. Its completed retention
+-- starts now (finished_at), so its history stays as long as any completed job's.
+UPDATE {job} SET status = '{completed}', finished_at = now(), error_type = 'UnknownExpired',
+    error_message = %(message)s, resolution = %(resolution)s
 WHERE id = %(job_id)s AND status = %(from_status)s
 RETURNING partition_key
 
@@ -146,11 +153,12 @@ WHERE head_state IN ('{failed}', '{unknown}', '{running}') GROUP BY head_state
 
 -- record_attempts --
 -- A history row for each job's attempt that just ended (run after the job's update).
--- %(number_offset)s is 1 when the attempt was handed back (its number was given back).
+-- %(number_offset)s is 1 when the attempt was handed back (its number was given back);
+-- %(token)s is the lease token of the worker that ended it ('' when its lease expired).
 INSERT INTO {attempt} (job_id, number, worker_id, started_at, ended_at, outcome,
-                       error_type, error_message)
+                       error_type, error_message, lease_token)
 SELECT id, attempt + %(number_offset)s, worker_id, COALESCE(claimed_at, now()), now(), status,
-       error_type, error_message
+       error_type, error_message, %(token)s
 FROM {job} WHERE id IN {job_ids}
 
 -- delete_attempts --
@@ -168,8 +176,10 @@ UPDATE {job} SET
     status = {status_after_failure},
     error_type = CASE
         WHEN {effect_started} THEN 'LeaseExpiredAfterSideEffect'
+        WHEN attempt >= %(max_attempts)s THEN 'WorkerCrashed'
         ELSE 'LeaseExpired' END,
-    error_message = 'The worker ' || worker_id || ' stopped renewing its lease.',
+    error_message = 'The worker ' || worker_id || ' stopped renewing its lease (it crashed, '
+        || 'was killed, or was paused past the lease) on attempt ' || attempt || '.',
     available_at = now(),
     finished_at = now(),
     lease_token = '', lease_until = NULL
@@ -179,3 +189,33 @@ RETURNING id, partition_key, status
 -- delete_idle_partitions --
 -- Delete those rows, if still idle.
 DELETE FROM {partition} WHERE head_state = '{idle}' AND key IN {keys}
+
+-- ended_with --
+-- How the attempt of this lease ended, if it did: a worker whose end-of-attempt write lost
+-- its reply (the connection broke) retries it, finds the fence closed, and learns here that
+-- its first try landed.
+SELECT outcome AS status FROM {attempt}
+WHERE job_id = %(job_id)s AND lease_token = %(token)s AND lease_token <> ''
+ORDER BY id DESC LIMIT 1
+
+-- claimed_with --
+-- The jobs a claim with this token took: a claim whose reply was lost is retried with the
+-- same token and finds them here instead of leaving them to lease expiry.
+SELECT {claimed_columns} FROM {job}
+WHERE status = '{running}' AND worker_id = %(worker_id)s AND lease_token = %(token)s
+
+-- ensure_chore --
+-- The row of a shared chore (the retention purge), due at once when new.
+INSERT INTO {maintenance} (name, due_at, worker_id, last_result)
+VALUES (%(name)s, now(), '', '')
+ON CONFLICT (name) DO NOTHING
+
+-- claim_chore --
+-- Take a chore that is due: one worker wins and moves it %(interval)s seconds forward.
+UPDATE {maintenance} SET due_at = feishu_inbox_now_plus(%(interval)s), worker_id = %(worker_id)s
+WHERE name = %(name)s AND due_at <= now()
+RETURNING name
+
+-- record_chore --
+-- What the chore's last run did (shown to operators).
+UPDATE {maintenance} SET last_result = %(result)s WHERE name = %(name)s

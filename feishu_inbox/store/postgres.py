@@ -30,7 +30,10 @@ class PostgresStore(SqlStore):
     }
 
     def listen(
-        self, wake: Callable[[], None], done: threading.Event, listening: Callable[[bool], None]
+        self,
+        wake: Callable[[str], None],
+        done: threading.Event,
+        listening: Callable[[bool], None],
     ) -> None:
         """LISTEN on its own connection; reconnects after a second when it breaks."""
         import psycopg
@@ -43,10 +46,10 @@ class PostgresStore(SqlStore):
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     listening(True)
-                    wake()  # anything enqueued before we listened
+                    wake("")  # anything enqueued before we listened
                     while not done.is_set():
-                        for _ in conn.notifies(timeout=5.0, stop_after=1):
-                            wake()
+                        for note in conn.notifies(timeout=5.0, stop_after=1):
+                            wake(note.payload)
             except psycopg.Error as exc:
                 listening(False)
                 log.warning("LISTEN connection failed (%s); polling until it is back", exc)

@@ -7,11 +7,12 @@ here is an error when the file is loaded, never a silent typo in production.
 
 from __future__ import annotations
 
-from ..models import Attempt, EventJob, Partition, PartitionState, Status
+from ..models import Attempt, EventJob, Maintenance, Partition, PartitionState, Status
 
 JOB_TABLE = EventJob._meta.db_table
 PARTITION_TABLE = Partition._meta.db_table
 ATTEMPT_TABLE = Attempt._meta.db_table
+MAINTENANCE_TABLE = Maintenance._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
 
@@ -30,12 +31,22 @@ CLAIMED_COLUMNS = (
 
 #: SPEC §3 Effects: once any effect started the job is never retried automatically.
 EFFECT_STARTED = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)"
+#: Written exactly as the partial index's predicate: SQLite uses a partial index only when
+#: the query's WHERE names its condition in the same textual form.
+UNRESOLVED = f"NOT (status = '{COMPLETED}')"
+#: Is the next unresolved job of the partition %(partition_key)s after %(job_id)s a private
+#: message? (unqualified names: in a subquery they resolve to its own table).
+NEXT_IS_PRIVATE = (
+    f"(SELECT private_message FROM {JOB_TABLE} WHERE partition_key = %(partition_key)s "
+    f"AND id > %(job_id)s AND {UNRESOLVED} ORDER BY partition_key, id LIMIT 1)"
+)
 
 SQL_NAMES: dict[str, str] = {
     # tables
     "job": JOB_TABLE,
     "partition": PARTITION_TABLE,
     "attempt": ATTEMPT_TABLE,
+    "maintenance": MAINTENANCE_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)
     "queued": QUEUED,
@@ -46,9 +57,13 @@ SQL_NAMES: dict[str, str] = {
     "unknown": UNKNOWN,
     "idle": IDLE,
     "claimable": f"('{QUEUED}', '{RETRY_WAIT}')",
-    # Written exactly as the partial index's predicate: SQLite uses a partial index only when
-    # the query's WHERE names its condition in the same textual form.
-    "unresolved": f"NOT (status = '{COMPLETED}')",
+    "unresolved": UNRESOLVED,
+    "next_is_private": NEXT_IS_PRIVATE,
+    # SPEC §4: a private job is superseded when the next unresolved job of its chat is a
+    # private message too (and the site lets private messages interrupt).
+    "superseded": (
+        f"%(interrupt_private)s AND private_message AND COALESCE({NEXT_IS_PRIVATE}, FALSE)"
+    ),
     "effect_started": EFFECT_STARTED,
     # A handler that returns with an effect in flight or uncertain ends `unknown`.
     "effect_open": "(effects_in_flight > 0 OR effect_uncertain)",

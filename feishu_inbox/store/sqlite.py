@@ -118,7 +118,7 @@ class SqliteStore(SqlStore):
         ended = self.row(query, {**fence_params(fence), **params})
         if ended is None:
             return None
-        self.record_attempts([fence.job_id])
+        self.record_attempts([fence.job_id], token=fence.token)
         self.resync_heads([fence.partition_key])
         return str(ended["status"])
 

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError
 from feishu_inbox.models import EventJob, Status, job_as_dict
+from feishu_inbox.retention import purge
 from feishu_inbox.stats import stats as read_stats
 
 log = logging.getLogger("feishu_inbox.operator")
@@ -190,9 +191,4 @@ class Command(BaseCommand):
         )
 
     def do_purge(self, options: dict[str, Any]) -> None:
-        result = ledger.purge()
-        self.stdout.write(
-            f"deleted {result.completed_deleted} completed jobs past retention; "
-            f"expired {result.unknown_expired} unknown jobs; "
-            f"removed {result.partitions_deleted} idle chats with no job left"
-        )
+        self.stdout.write(str(purge()))

@@ -1,0 +1,92 @@
+"""Retention (SPEC §3): what the ledger forgets, and when.
+
+Completed jobs (the dedupe window) are deleted after ``COMPLETED_RETENTION``; unknown jobs are
+kept until reconciled, unless ``UNKNOWN_RETENTION`` is set: then an expired one is completed
+(``UnknownExpired``, resolution ``expired``, who and why in its error message) and its
+completed retention starts at the expiry, so its history stays.
+
+Workers purge by themselves (``purge_if_due``): every ``PURGE_INTERVAL`` seconds one of them
+wins the shared ``purge`` chore and runs the purge in small batches that never block claims or
+ingest. ``manage.py inbox purge`` does the same from cron, for sites that prefer it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .conf import checked_settings
+from .ledger import EXPIRE_UNKNOWN
+from .store import store
+
+log = logging.getLogger("feishu_inbox.retention")
+
+#: The name of the workers' shared purge chore (``Maintenance`` row).
+PURGE_CHORE = "purge"
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    completed_deleted: int
+    unknown_expired: int
+    #: Idle partition rows (one per chat) with no job left in the ledger.
+    partitions_deleted: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"deleted {self.completed_deleted} completed jobs past retention; "
+            f"expired {self.unknown_expired} unknown jobs; "
+            f"removed {self.partitions_deleted} idle chats with no job left"
+        )
+
+
+def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") -> PurgeResult:
+    """Expire old unknown jobs (when configured), then delete completed jobs past retention,
+    one small transaction per batch. ``by`` is recorded on each expired job."""
+    conf = checked_settings()
+    expired_unknown = 0
+    if conf.UNKNOWN_RETENTION is not None:
+        old = store().unknown_past_retention(conf.UNKNOWN_RETENTION.total_seconds())
+        why = (
+            f"Unknown for longer than UNKNOWN_RETENTION ({conf.UNKNOWN_RETENTION}); "
+            f"completed without a reconcile by the retention purge ({by})."
+        )
+        expired_unknown = len(EXPIRE_UNKNOWN.apply(old, message=why).done)
+        if expired_unknown:
+            log.warning("%s unknown jobs expired unreconciled (%s)", expired_unknown, by)
+    batch = conf.PURGE_BATCH_SIZE
+    retention = conf.COMPLETED_RETENTION.total_seconds()
+    return PurgeResult(
+        completed_deleted=_in_batches(
+            lambda: store().purge_completed(retention, batch), batch, max_batches
+        ),
+        unknown_expired=expired_unknown,
+        partitions_deleted=_in_batches(
+            lambda: store().purge_idle_partitions(batch), batch, max_batches
+        ),
+    )
+
+
+def purge_if_due(worker_id: str) -> PurgeResult | None:
+    """Run the purge if it is this worker's turn: at most once per ``PURGE_INTERVAL`` across
+    all workers, one at a time. None when it is not due, or automatic purging is off."""
+    interval = checked_settings().PURGE_INTERVAL
+    if interval is None or not store().claim_chore(PURGE_CHORE, worker_id, interval):
+        return None
+    result = purge(by=f"worker {worker_id}")
+    store().record_chore(PURGE_CHORE, f"{worker_id}: {result}")
+    log.info("retention purge by worker %s: %s", worker_id, result)
+    return result
+
+
+def _in_batches(step: Callable[[], int], batch: int, max_batches: int | None) -> int:
+    """Run ``step`` (one transaction each) until it handles less than a full batch."""
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        done = step()
+        total += done
+        batches += 1
+        if done < batch:
+            break
+    return total
