@@ -43,7 +43,7 @@ def fill(n: int, partitions: int, event_type: str = "bench.noop") -> None:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'n' || g || '-' || %s,"
-            " %s, 'n' || g || '-' || %s, 'chat-' || (g %% %s), false, '{}'::jsonb)"
+            " %s, 'n' || g || '-' || %s, 'chat-' || (g %% %s), false, '{}'::jsonb, NULL::integer)"
             " FROM generate_series(1, %s) g) s",
             [time.time(), event_type, time.time(), partitions, n],
         )

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from .errors import LeaseLost, Superseded
+from .errors import Cancelled, LeaseLost, Superseded
 from .feishu import CardAction, EventKeys, card_callback, event_keys
 from .handlers import Event, checkpoint, effect, handler
+from .retry import RetryAfter, RetryAt, RetryPolicy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "CardAction",
     "Event",
     "EventKeys",
     "LeaseLost",
+    "RetryAfter",
+    "RetryAt",
+    "RetryPolicy",
     "Superseded",
     "card_callback",
     "checkpoint",

@@ -9,12 +9,10 @@ confirmation page (Django's two-step ``delete_selected`` pattern).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
-from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet, TextField
@@ -25,9 +23,9 @@ from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
-from django.utils.translation import ngettext
 
-from . import handlers, ledger
+from . import handlers
+from .admin_actions import ACTIONS, as_admin_action, page_context
 from .conf import inbox_settings
 from .models import BLOCKING, Attempt, EventJob, Partition, Status
 from .stats import dashboard
@@ -121,52 +119,6 @@ class AttemptInline(admin.TabularInline):
         return False
 
 
-# Each action: (label, ledger call, permission, needs confirmation, eligible status)
-ActionSpec = tuple[str, Callable[[list[int]], ledger.Outcome], str, bool, str]
-ACTIONS: dict[str, ActionSpec] = {
-    "requeue_failed": (
-        "Requeue failed jobs (run again from attempt 0)",
-        ledger.requeue,
-        "requeue",
-        False,
-        Status.FAILED,
-    ),
-    "reconcile_not_applied": (
-        "Reconcile unknown: the effect did NOT happen, run again",
-        lambda ids: ledger.reconcile(ids, applied=False),
-        "reconcile",
-        True,
-        Status.UNKNOWN,
-    ),
-    "reconcile_applied": (
-        "Reconcile unknown: the effect happened, mark done",
-        lambda ids: ledger.reconcile(ids, applied=True),
-        "reconcile",
-        True,
-        Status.UNKNOWN,
-    ),
-    "discard_failed": (
-        "Discard failed jobs (mark done, unblock the chat)",
-        ledger.discard,
-        "discard",
-        True,
-        Status.FAILED,
-    ),
-}
-
-
-def _make_action(name: str) -> Callable[..., HttpResponse | None]:
-    label, _, permission, _, _ = ACTIONS[name]
-
-    def action(
-        model_admin: EventJobAdmin, request: HttpRequest, queryset: QuerySet[EventJob]
-    ) -> HttpResponse | None:
-        return model_admin.run_action(request, queryset, name)
-
-    action.__name__ = name
-    return admin.action(description=label, permissions=[permission])(action)
-
-
 @admin.register(EventJob)
 class EventJobAdmin(admin.ModelAdmin):
     list_display = [
@@ -194,7 +146,7 @@ class EventJobAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice over the whole ledger
     paginator = CappedCountPaginator
-    actions = [_make_action(name) for name in ACTIONS]
+    actions = [as_admin_action(name) for name in ACTIONS]
     inlines = [AttemptInline]
     fieldsets = [
         (
@@ -223,6 +175,7 @@ class EventJobAdmin(admin.ModelAdmin):
                     "error_type",
                     "error_message",
                     "resolution",
+                    "retry_policy",
                 ]
             },
         ),
@@ -258,6 +211,12 @@ class EventJobAdmin(admin.ModelAdmin):
     def has_discard_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.discard_eventjob")
 
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.cancel_eventjob")
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.replay_eventjob")
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[EventJob]:
         return super().get_queryset(request).defer("payload")
 
@@ -292,6 +251,16 @@ class EventJobAdmin(admin.ModelAdmin):
     @admin.display(description="lease owner")
     def lease_owner(self, obj: EventJob) -> str:
         return obj.worker_id if obj.status == Status.RUNNING else ""
+
+    @admin.display(description="retries")
+    def retry_policy(self, obj: EventJob) -> str:
+        policy = handlers.policy_for(obj.event_type)
+        attempts = obj.max_attempts or inbox_settings().MAX_ATTEMPTS
+        when = ""
+        if obj.status == Status.RETRY_WAIT:
+            when = f"next attempt at {obj.available_at:%Y-%m-%d %H:%M:%S %Z}; "
+        cancel = "cancel requested; " if obj.cancel_requested and obj.status == "running" else ""
+        return f"{cancel}{when}attempt {obj.attempt} of {attempts}; policy: {policy.describe()}"
 
     @admin.display(description="effects")
     def effect_state(self, obj: EventJob) -> str:
@@ -352,52 +321,16 @@ class EventJobAdmin(admin.ModelAdmin):
         }
         return super().changelist_view(request, extra_context)
 
-    def run_action(
-        self, request: HttpRequest, queryset: QuerySet[EventJob], name: str
-    ) -> HttpResponse | None:
-        label, call, _, confirm, eligible = ACTIONS[name]
-        jobs = list(queryset.order_by("pk"))
-        if confirm and request.POST.get("confirmed") != "yes":
-            return TemplateResponse(
-                request,
-                "feishu_inbox/confirm_action.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "title": "Are you sure?",
-                    "action": name,
-                    "action_label": label,
-                    "jobs": jobs,
-                    "eligible": eligible,
-                    "ineligible": [j for j in jobs if j.status != eligible],
-                    "opts": self.model._meta,
-                    "action_checkbox_name": ACTION_CHECKBOX_NAME,
-                    "effect_state": self.effect_state,
-                },
-            )
-        outcome = call([j.pk for j in jobs])
-        done = {j.pk: j for j in jobs if j.pk in outcome.done}
-        for job in done.values():
-            self.log_change(request, job, f"{label} (job #{job.pk}, was {job.status})")
-        if outcome.done:
-            self.message_user(
-                request,
-                ngettext("%(n)d job: %(label)s.", "%(n)d jobs: %(label)s.", len(outcome.done))
-                % {"n": len(outcome.done), "label": label},
-                messages.SUCCESS,
-            )
-        if outcome.refused:
-            reasons = "; ".join(f"#{pk}: {err.message}" for pk, err in outcome.refused.items())
-            self.message_user(
-                request,
-                ngettext(
-                    "%(n)d job refused, nothing changed for it: %(reasons)s",
-                    "%(n)d jobs refused, nothing changed for them: %(reasons)s",
-                    len(outcome.refused),
-                )
-                % {"n": len(outcome.refused), "reasons": reasons},
-                messages.ERROR if not outcome.done else messages.WARNING,
-            )
-        return None
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = EventJob.objects.filter(pk=object_id).only("id", "status").first()
+        extra_context = {**(extra_context or {}), **page_context(request, job)}
+        return super().change_view(request, object_id, form_url, extra_context)
 
     # --- dashboard ----------------------------------------------------------------------------
 

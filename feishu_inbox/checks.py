@@ -91,9 +91,24 @@ def check_app_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 
 @register()
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .handlers import problems
+    from .handlers import problems, registered
 
-    return [
-        Error(problem, hint="Register exactly one callable per event type.", id="feishu_inbox.E003")
+    messages: list[CheckMessage] = [
+        Error(
+            problem,
+            hint="Register exactly one callable per event type, with a valid RetryPolicy.",
+            id="feishu_inbox.E003",
+        )
         for problem in problems()
     ]
+    if not registered():
+        messages.append(
+            Warning(
+                "No handler is registered: every stored event will complete as NoHandler.",
+                hint="Put @feishu_inbox.handler functions in a feishu_handlers.py module of an "
+                "installed app, or list their module in FEISHU_INBOX['HANDLER_MODULES']; "
+                "`manage.py inbox replay --error NoHandler` runs those stored meanwhile.",
+                id="feishu_inbox.W004",
+            )
+        )
+    return messages

@@ -30,17 +30,31 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from .errors import ConfigurationError, LeaseLost, Superseded
+from .errors import Cancelled, ConfigurationError, LeaseLost, Superseded
+from .retry import RetryPolicy, site_policy
 
 log = logging.getLogger("feishu_inbox.handlers")
 
 Handler = Callable[["Event"], Any]
 _registry: dict[str, list[Handler]] = {}
+_policies: dict[str, RetryPolicy] = {}
 _problems: list[str] = []
 
 
-def handler(event_type: str) -> Callable[[Handler], Handler]:
-    """Register a sync or ``async def`` function for one event type."""
+def handler(event_type: str, *, retry: RetryPolicy | None = None) -> Callable[[Handler], Handler]:
+    """Register a sync or ``async def`` function for one event type, with its retry policy
+    (default: the site's, from settings). Every problem with the arguments is collected and
+    reported at once, by ``manage.py check`` (E003) and when a worker starts."""
+    found = []
+    if not isinstance(event_type, str) or not event_type or len(event_type) > 128:
+        found.append(
+            f"@handler needs an event type string of 1 to 128 characters, got {event_type!r}"
+        )
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        found.append(f"the retry policy for {event_type!r} is not a RetryPolicy: {retry!r}")
+    elif retry is not None:
+        found.extend(f"the retry policy for {event_type!r}: {p}" for p in retry.problems())
+    _problems.extend(found)
 
     def register(fn: Handler) -> Handler:
         if not callable(fn):
@@ -48,15 +62,26 @@ def handler(event_type: str) -> Callable[[Handler], Handler]:
             return fn
         if fn not in _registry.setdefault(event_type, []):
             _registry[event_type].append(fn)
+        if retry is not None and not found:
+            _policies[event_type] = retry
         return fn
 
-    if not isinstance(event_type, str) or not event_type:
-        _problems.append(f"@handler needs an event type string, got {event_type!r}")
     return register
 
 
 def registered() -> dict[str, Handler]:
     return {t: fns[0] for t, fns in _registry.items() if fns}
+
+
+def policy_for(event_type: str) -> RetryPolicy:
+    """The retry policy of the handler for ``event_type``, or the site's."""
+    return _policies.get(event_type) or site_policy()
+
+
+def own_attempts(event_type: str) -> int | None:
+    """The attempts of the handler's own retry policy (None: it follows the site's)."""
+    policy = _policies.get(event_type)
+    return policy.attempts if policy else None
 
 
 def problems() -> list[str]:
@@ -136,7 +161,9 @@ class JobContext:
     renewed_at: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
     lost: threading.Event = field(default_factory=threading.Event)
+    #: A newer private message waits (SPEC §4); an operator cancelled the job.
     interrupt: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
     effects_started: bool = False
     #: This attempt's effects in flight (the worker is the only writer of its job's count).
     effects_in_flight: int = 0
@@ -222,12 +249,16 @@ def current() -> JobContext:
 
 
 def checkpoint() -> None:
-    """Stop here (raise ``Superseded``) if a newer private message waits in this chat.
+    """Stop here if an operator cancelled this job (raise ``Cancelled``) or a newer private
+    message waits in its chat (raise ``Superseded``).
 
-    Call it between completed operations, never inside an effect. A no-op for other events.
+    Call it between completed operations, never inside an effect. The worker looks for both at
+    least twice a second; between those looks a checkpoint costs nothing.
     """
     ctx = current()
     ctx.ensure_alive()
+    if ctx.cancelled.is_set():
+        raise Cancelled(f"Job {ctx.event.job_id} was cancelled by an operator.")
     if ctx.interrupt.is_set():
         raise Superseded(f"Job {ctx.event.job_id} was superseded by a newer message.")
 
@@ -267,7 +298,8 @@ class effect:
 
 def _begin_effect(ctx: JobContext) -> None:
     """Record the effect's start; refused (LeaseLost) once the lease is gone, and refused
-    (Superseded) when a newer private message waits: then nothing started."""
+    (Superseded, Cancelled) when a newer private message waits or an operator cancelled the
+    job: then nothing started."""
     from . import ledger
 
     ctx.ensure_alive()
@@ -284,8 +316,8 @@ def _begin_effect(ctx: JobContext) -> None:
     except LeaseLost as lost:
         ctx.mark_lost(str(lost))
         raise
-    except Superseded:
-        ctx.interrupt.set()
+    except (Superseded, Cancelled) as stop:
+        (ctx.cancelled if isinstance(stop, Cancelled) else ctx.interrupt).set()
         if retried:  # a first try may have landed before its reply was lost: nothing ran
             write(
                 ctx,

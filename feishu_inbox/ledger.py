@@ -19,20 +19,27 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from .conf import InboxSettings, checked_settings
-from .errors import InvalidState, JobNotFound, LeaseLost, LedgerError, Superseded, truncate
-from .models import EventJob, Resolution, Status
+from . import handlers
+from .conf import checked_settings
+from .errors import Cancelled, InvalidState, LeaseLost, LedgerError, Superseded, truncate
+from .models import EventJob, Status
+from .operators import Outcome as Outcome  # the operator actions, offered here too
+from .operators import cancel as cancel
+from .operators import discard as discard
+from .operators import reconcile as reconcile
+from .operators import replay as replay
+from .operators import requeue as requeue
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
+from .retry import site_policy
 from .store import Row, store
 from .store.base import aware
 
@@ -90,21 +97,6 @@ def _claimed(rows: list[Row], worker_id: str, token: str) -> list[ClaimedJob]:
     return sorted((ClaimedJob.from_row(r, worker_id, token) for r in rows), key=lambda j: j.id)
 
 
-@dataclass
-class Outcome:
-    """Per-job result of an operator action over several jobs."""
-
-    done: list[int] = field(default_factory=list)
-    refused: dict[int, LedgerError] = field(default_factory=dict)
-
-
-def backoff_seconds(attempt: int, conf: InboxSettings | None = None) -> float:
-    """Delay before retrying after failed attempt number ``attempt`` (1-based)."""
-    conf = conf or checked_settings()
-    ceiling = min(conf.BACKOFF_CAP, conf.BACKOFF_BASE * 2 ** max(attempt - 1, 0))
-    return ceiling * (1 - conf.BACKOFF_JITTER * random.random())
-
-
 # --- enqueue -------------------------------------------------------------------------------
 
 
@@ -122,11 +114,15 @@ def enqueue(
     private_message: bool = False,
     app: str = "default",
     payload_json: str | None = None,
+    max_attempts: int | None = None,
 ) -> EnqueueResult:
     """Store an event once. A second enqueue of the same (app, dedupe key) changes nothing.
 
     ``payload_json``, when given, is ``payload`` already serialised (the webhook has the
     decrypted text): it is stored as is instead of serialising ``payload`` again.
+    ``max_attempts`` defaults to the event type's handler's retry policy, if it has its own
+    (else the site's MAX_ATTEMPTS applies when an attempt ends).
+    Every bad argument is named in one refusal.
     """
     job: dict[str, Any] = {
         "event_id": event_id,
@@ -135,28 +131,36 @@ def enqueue(
         "partition_key": partition_key,
         "app": app,
     }
-    for name, limit in _ENQUEUE_LIMITS.items():
-        if not job[name] or not isinstance(job[name], str) or len(job[name]) > limit:
-            raise LedgerError(
-                f"enqueue needs {name} as a non-empty string of at most {limit} characters "
-                f"(got {job[name]!r:.80}).",
-                fix="Fix the caller; nothing was stored.",
-            )
+    problems = [
+        f"{name} must be a non-empty string of at most {limit} characters (got {job[name]!r:.80})"
+        for name, limit in _ENQUEUE_LIMITS.items()
+        if not job[name] or not isinstance(job[name], str) or len(job[name]) > limit
+    ]
     if not isinstance(payload, dict):
+        problems.append(f"payload must be a dict (got {type(payload).__name__})")
+    elif payload_json is None and object_deeper_than(payload):  # the webhook checked its text
+        problems.append(f"payload must be nested at most {MAX_JSON_DEPTH} levels deep")
+    if max_attempts is None and not problems:
+        max_attempts = handlers.own_attempts(event_type)
+    if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
+        problems.append(f"max_attempts must be a whole number >= 1 (got {max_attempts!r})")
+    if problems:
         raise LedgerError(
-            f"enqueue needs payload as a dict (got {type(payload).__name__}).",
-            fix="Pass the decoded event envelope; nothing was stored.",
-        )
-    if payload_json is None and object_deeper_than(payload):  # the webhook checked its text
-        raise LedgerError(
-            f"enqueue needs a payload nested at most {MAX_JSON_DEPTH} levels deep.",
-            fix="Flatten the payload; nothing was stored.",
+            "enqueue was refused: " + "; ".join(problems) + ".",
+            fix="Fix the call; nothing was stored.",
         )
     if payload_json is None:
         payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
             payload, connection, prepared=False
         )
-    stored = store().enqueue({**job, "private_message": private_message, "payload": payload_json})
+    stored = store().enqueue(
+        {
+            **job,
+            "private_message": private_message,
+            "payload": payload_json,
+            "max_attempts": max_attempts,
+        }
+    )
     return EnqueueResult(job_id=stored["job_id"], created=bool(stored["created"]))
 
 
@@ -231,10 +235,10 @@ def new_token() -> str:
 # --- fenced operations of the lease holder -------------------------------------------------
 
 
-def _why_not_held(lease: Lease) -> str | None:
+def _why_not_held(lease: Lease, found: Row | None = None) -> str | None:
     """Why a fenced call found the lease gone (read outside the failed statement); None if the
     lease is still held (what stopped the call was something else)."""
-    found = store().lease_state(lease.job_id)
+    found = found or store().lease_state(lease.job_id)
     if found is None:
         return "it no longer exists"
     if found["status"] != Status.RUNNING:
@@ -267,11 +271,14 @@ def begin_effect(lease: Lease, *, in_flight: int | None = None) -> None:
     interrupt = checked_settings().INTERRUPT_PRIVATE
     if store().begin_effect(lease, in_flight=in_flight, interrupt_private=interrupt):
         return
-    if _why_not_held(lease) is None:
-        raise Superseded(
-            f"Job {lease.job_id} was superseded by a newer message; its effect was not started."
-        )
-    raise _lease_lost(lease, "start an effect for")
+    found = store().lease_state(lease.job_id)
+    if _why_not_held(lease, found) is not None:
+        raise _lease_lost(lease, "start an effect for")
+    if found and found["cancel_requested"]:
+        raise Cancelled(f"Job {lease.job_id} was cancelled; its effect was not started.")
+    raise Superseded(
+        f"Job {lease.job_id} was superseded by a newer message; its effect was not started."
+    )
 
 
 def end_effect(lease: Lease, *, ok: bool, in_flight: int | None = None) -> None:
@@ -346,14 +353,15 @@ def fail(
     retry_in: float | None = None,
     retrying: bool = False,
 ) -> str:
-    """The handler raised: ``unknown`` if any effect started, else retry or ``failed``."""
-    conf = checked_settings()
+    """The handler raised: ``unknown`` if any effect started, ``completed`` (``Cancelled``) if
+    an operator cancelled it, ``failed`` when its attempts are spent, else ``retry_wait`` in
+    ``retry_in`` seconds (default: the site policy's backoff)."""
     status = store().fail(
         lease,
         error_type=error_type[:128] or "Error",
         message=truncate(message),
-        max_attempts=conf.MAX_ATTEMPTS,
-        retry_in=backoff_seconds(lease.attempt, conf) if retry_in is None else retry_in,
+        max_attempts=checked_settings().MAX_ATTEMPTS,  # unless the job carries its own
+        retry_in=site_policy().delay_before(lease.attempt) if retry_in is None else retry_in,
     )
     return status or _ended_before(lease, "fail", retrying)
 
@@ -379,71 +387,22 @@ def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
     return store().newer_private_waiting(lease.partition_key, lease.job_id)
 
 
-# --- operator actions ----------------------------------------------------------------------
-
-
-#: What to do instead, when an operator action meets a job of another state.
-_HINTS = {
-    Status.FAILED: "Failed jobs are requeued or discarded; unknown jobs need reconcile.",
-    Status.UNKNOWN: "Unknown jobs are reconciled; failed jobs are requeued or discarded.",
-}
-
-
 @dataclass(frozen=True)
-class OperatorAction:
-    """One guarded transition an operator may apply (SPEC §3 Operator actions)."""
+class Signals:
+    """What a worker should tell a running job's handler at its next checkpoint."""
 
-    doing: str
-    #: The store's query (``common.sql``) and the state it applies to.
-    transition: str
-    from_status: Status
-    resolution: str = Resolution.NONE
-
-    def apply(self, job_ids: Iterable[int], *, message: str = "") -> Outcome:
-        """Apply it to each job in its own transaction; refuse every other job, with why."""
-        outcome = Outcome()
-        for job_id in dict.fromkeys(job_ids):
-            found = store().transition(
-                self.transition,
-                job_id,
-                from_status=self.from_status,
-                resolution=self.resolution,
-                message=message,
-            )
-            if found.changed:
-                outcome.done.append(job_id)
-            elif not found.found:
-                outcome.refused[job_id] = JobNotFound(
-                    f"Cannot {self.doing} job {job_id}: there is no such job."
-                )
-            else:
-                outcome.refused[job_id] = InvalidState(
-                    f"Cannot {self.doing} job {job_id}: it is {found.status}, "
-                    f"not {self.from_status}.",
-                    fix=_HINTS.get(self.from_status, ""),
-                )
-        return outcome
+    cancelled: bool = False
+    superseded: bool = False
 
 
-REQUEUE = OperatorAction("requeue", "run_again", Status.FAILED, Resolution.REQUEUED)
-DISCARD = OperatorAction("discard", "mark_done", Status.FAILED, Resolution.DISCARDED)
-RECONCILE_APPLIED = OperatorAction("reconcile", "mark_done", Status.UNKNOWN, Resolution.APPLIED)
-RECONCILE_NOT_APPLIED = OperatorAction(
-    "reconcile", "run_again", Status.UNKNOWN, Resolution.NOT_APPLIED
-)
-EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", Status.UNKNOWN, Resolution.EXPIRED)
-
-
-def requeue(job_ids: Iterable[int]) -> Outcome:
-    """``failed`` → ``queued``, attempt 0, due now."""
-    return REQUEUE.apply(job_ids)
-
-
-def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
-    """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
-    return (RECONCILE_APPLIED if applied else RECONCILE_NOT_APPLIED).apply(job_ids)
-
-
-def discard(job_ids: Iterable[int]) -> Outcome:
-    """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
-    return DISCARD.apply(job_ids)
+def signals(leases: Iterable[Lease]) -> dict[int, Signals]:
+    """For running jobs: cancelled by an operator? superseded by a newer private message?
+    One statement for all of a worker's jobs (it asks at least twice a second)."""
+    found = store().job_signals(
+        [lease.job_id for lease in leases],
+        interrupt_private=checked_settings().INTERRUPT_PRIVATE,
+    )
+    return {
+        job_id: Signals(bool(row["cancel_requested"]), bool(row["superseded"]))
+        for job_id, row in found.items()
+    }

@@ -35,6 +35,8 @@ class Resolution(models.TextChoices):
     REQUEUED = "requeued", "requeued by an operator"
     DISCARDED = "discarded", "discarded by an operator"
     EXPIRED = "expired", "expired: unknown past UNKNOWN_RETENTION, never reconciled"
+    CANCELLED = "cancelled", "cancelled by an operator"
+    REPLAYED = "replayed", "replayed by an operator"
 
 
 class EventJobQuerySet(models.QuerySet["EventJob"]):
@@ -77,6 +79,12 @@ class EventJob(models.Model):
     effects_in_flight = models.PositiveSmallIntegerField(default=0)
     side_effect_started = models.BooleanField(default=False)
     effect_uncertain = models.BooleanField(default=False)
+    #: An operator cancelled the running job: its handler stops at the next checkpoint or
+    #: effect, and however its attempt ends, it is not retried.
+    cancel_requested = models.BooleanField(default=False, db_default=False)
+    #: Attempts this job gets: its handler's retry policy when it was stored; None: the site's
+    #: MAX_ATTEMPTS when an attempt ends (so raising it helps jobs already stored).
+    max_attempts = models.PositiveIntegerField(null=True, blank=True)
 
     error_type = models.CharField(max_length=128, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
@@ -137,6 +145,8 @@ class EventJob(models.Model):
             ("requeue_eventjob", "Can requeue failed event jobs"),
             ("reconcile_eventjob", "Can reconcile unknown event jobs"),
             ("discard_eventjob", "Can discard failed event jobs"),
+            ("cancel_eventjob", "Can cancel queued, waiting or running event jobs"),
+            ("replay_eventjob", "Can replay completed event jobs"),
         ]
 
     def __str__(self) -> str:
@@ -250,6 +260,8 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
         "effects_in_flight": job.effects_in_flight,
         "side_effect_started": job.side_effect_started,
         "effect_uncertain": job.effect_uncertain,
+        "cancel_requested": job.cancel_requested,
+        "max_attempts": job.max_attempts,
         "error_type": job.error_type,
         "error_message": job.error_message,
         "resolution": job.resolution,

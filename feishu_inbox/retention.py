@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .conf import checked_settings
-from .ledger import EXPIRE_UNKNOWN
+from .operators import EXPIRE_UNKNOWN
 from .store import store
 
 log = logging.getLogger("feishu_inbox.retention")

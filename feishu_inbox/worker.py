@@ -40,8 +40,9 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from . import handlers, ledger, retention
 from .conf import checked_settings
-from .errors import InvalidState, LeaseLost, Superseded
-from .stats import seconds_until_wakeup
+from .errors import Cancelled, InvalidState, LeaseLost, Superseded
+from .retry import RetryAt
+from .stats import database_now, seconds_until_wakeup
 from .store import store
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -206,7 +207,8 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
-        self._check_private = threading.Event()  # a NOTIFY named a running private job's chat
+        self._check_now = threading.Event()  # a NOTIFY named a running job's chat
+        self._warned_no_handler: set[str] = set()
         self._slots = _Slots(self._wake)
         self._pool = _Pool()
         self._async = _AsyncRunner()
@@ -241,7 +243,7 @@ class Worker:
         finally:
             self._done.set()
             self._wake.set()
-            self._check_private.set()
+            self._check_now.set()
             self._restore_signals(previous)
             connections.close_all()
         log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
@@ -342,7 +344,7 @@ class Worker:
         ctx = self._context(job, sent)
         self._slots.take(ctx)
         if job.private_message:
-            self._check_private.set()  # a newer message may already wait
+            self._check_now.set()  # a newer message may already wait
         self._pool.submit(lambda: self._run_job(ctx))
 
     def _run_job(self, ctx: handlers.JobContext | None) -> None:
@@ -409,7 +411,13 @@ class Worker:
         return label, self._context(jobs[0], sent) if jobs else None
 
     def _fail(self, ctx: handlers.JobContext, error: BaseException) -> str:
+        """End the attempt as failed: retried after the handler's policy's backoff, or at the
+        time a ``RetryAt`` asked for (the attempts still bound it)."""
         ctx.ensure_alive()
+        if isinstance(error, RetryAt):
+            retry_in = error.seconds_from(database_now()) if error.needs_clock else error.seconds
+        else:
+            retry_in = handlers.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
         return handlers.write(
             ctx,
             "fail",
@@ -417,6 +425,7 @@ class Worker:
                 ctx.lease,
                 error_type=type(error).__name__,
                 message=str(error),
+                retry_in=retry_in,
                 retrying=retrying,
             ),
         )
@@ -424,6 +433,7 @@ class Worker:
     def _execute(self, ctx: handlers.JobContext) -> tuple[str, handlers.JobContext | None]:
         fn = self.handlers.get(ctx.event.event_type)
         if fn is None:
+            self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
         token = handlers._current.set(ctx)
         try:
@@ -442,6 +452,8 @@ class Worker:
                 fn(ctx.event)
         except Superseded:
             return self._finish(ctx, superseded=True)
+        except Cancelled:
+            return self._finish(ctx, note="Cancelled")
         except LeaseLost:
             raise
         except BaseException as exc:  # SystemExit too: the job ends now, its cause recorded
@@ -470,20 +482,41 @@ class Worker:
             for ctx in self._slots.held():
                 if not ctx.lost.is_set() and time.monotonic() - ctx.renewed_at >= renew_every:
                     self._renew(ctx)
-            self._check_private.clear()
-            self._look_for_newer_messages()
-            self._check_private.wait(tick)
+            self._check_now.clear()
+            self._look_for_signals()
+            self._check_now.wait(tick)
         connections.close_all()
 
-    def _look_for_newer_messages(self) -> None:
-        for ctx in self._slots.held():
-            if ctx.event.private_message and not ctx.interrupt.is_set() and not ctx.lost.is_set():
-                try:
-                    if ledger.should_interrupt(ctx.lease, private_message=True):
-                        ctx.interrupt.set()
-                except DatabaseError:
-                    handlers.drop_connection()  # the database is away: look again next tick
-                    return
+    def _look_for_signals(self) -> None:
+        """Tell running handlers, at their next checkpoint, that an operator cancelled their
+        job or a newer private message supersedes it: one statement for all of them."""
+        running = {ctx.lease.job_id: ctx for ctx in self._slots.held() if not ctx.lost.is_set()}
+        if not running:
+            return
+        try:
+            _check_connection()
+            found = ledger.signals(ctx.lease for ctx in running.values())
+        except DatabaseError:
+            handlers.drop_connection()  # the database is away: look again next tick
+            return
+        for job_id, signal_ in found.items():
+            if signal_.cancelled:
+                running[job_id].cancelled.set()
+            if signal_.superseded:
+                running[job_id].interrupt.set()
+
+    def _warn_no_handler(self, event_type: str) -> None:
+        if event_type not in self._warned_no_handler:
+            self._warned_no_handler.add(event_type)
+            log.warning(
+                "no handler for event type %s: its jobs complete as NoHandler. Register one "
+                "with @feishu_inbox.handler(%r) in a feishu_handlers.py module of an installed "
+                "app (or a module in FEISHU_INBOX['HANDLER_MODULES']); then `manage.py inbox "
+                "replay --error NoHandler --event-type %s` runs the ones that arrived meanwhile",
+                event_type,
+                event_type,
+                event_type,
+            )
 
     def _renew(self, ctx: handlers.JobContext) -> None:
         sent = time.monotonic()
@@ -506,12 +539,11 @@ class Worker:
         store().listen(self._notified, self._done, self._set_listening)
 
     def _notified(self, partition_key: str) -> None:
+        """A NOTIFY: a head became claimable, or a job of one of our chats was cancelled or
+        may be superseded (an operator's action and a private message also notify)."""
         self._wake.set()
-        if any(
-            ctx.event.private_message and ctx.event.partition_key.startswith(partition_key)
-            for ctx in self._slots.held()
-        ):
-            self._check_private.set()
+        if any(ctx.event.partition_key.startswith(partition_key) for ctx in self._slots.held()):
+            self._check_now.set()
 
     def _set_listening(self, listening: bool) -> None:
         self._listening = listening

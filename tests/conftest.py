@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -46,3 +47,17 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
         yield w
     finally:
         w.stop_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_connection_left_at_the_end(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """The live server's request threads are daemons that Django does not join: one may still
+    hold its connection when the session drops the PostgreSQL test database. End them then
+    (once, at the end: a sweep between tests could end a connection a test still uses)."""
+    yield
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )

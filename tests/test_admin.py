@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -22,7 +23,22 @@ from .ledger_helpers import snapshot
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:feishu_inbox_eventjob_changelist"
-ACTION_NAMES = ["requeue_failed", "reconcile_not_applied", "reconcile_applied", "discard_failed"]
+ACTION_NAMES = [
+    "requeue_failed",
+    "reconcile_not_applied",
+    "reconcile_applied",
+    "discard_failed",
+    "cancel_jobs",
+    "replay_completed",
+]
+ALL_PERMISSIONS = (
+    "view_eventjob",
+    "requeue_eventjob",
+    "reconcile_eventjob",
+    "discard_eventjob",
+    "cancel_eventjob",
+    "replay_eventjob",
+)
 
 
 def staff(username: str, *codenames: str) -> Client:
@@ -42,9 +58,7 @@ def viewer() -> Client:
 
 @pytest.fixture
 def operator() -> Client:
-    return staff(
-        "operator", "view_eventjob", "requeue_eventjob", "reconcile_eventjob", "discard_eventjob"
-    )
+    return staff("operator", *ALL_PERMISSIONS)
 
 
 @pytest.fixture
@@ -80,7 +94,7 @@ def test_viewer_sees_the_ledger_but_no_actions(viewer: Client, ledger_data: dict
 def test_forged_action_post_without_permission_is_403_and_moves_nothing(
     viewer: Client, ledger_data: dict[str, int], action: str
 ) -> None:
-    targets = ids("failed") + ids("unknown")
+    targets = ids("failed") + ids("unknown") + ids("queued") + ids("completed")
     before = {i: snapshot(i) for i in targets}
     response = viewer.post(
         reverse(CHANGELIST),
@@ -135,7 +149,10 @@ def test_requeue_failed_moves_only_failed_jobs_and_reports_refusals(
     page = act(operator, "requeue_failed", failed + queued)
     text = page.content.decode()
     assert "2 jobs: Requeue failed jobs" in text
-    assert f"#{queued[0]}: Cannot requeue job {queued[0]}: it is queued, not failed." in text
+    assert (
+        f"#{queued[0]}: [invalid_state] Cannot requeue job {queued[0]}: it is queued, not failed."
+        in text
+    )
     assert all(EventJob.objects.get(pk=i).status == "queued" for i in failed)
     assert LogEntry.objects.filter(object_id__in=[str(i) for i in failed]).count() == 2
 
@@ -175,7 +192,7 @@ def test_a_job_that_turned_live_before_confirmation_is_refused_and_not_moved(
     before = snapshot(target)
     page = act(operator, "reconcile_not_applied", [target], confirmed="yes")
     text = page.content.decode()
-    assert f"#{target}: Cannot reconcile job {target}: it is" in text
+    assert f"#{target}: [invalid_state] Cannot reconcile job {target}: it is" in text
     assert "nothing changed" in text
     assert snapshot(target) == before
 
@@ -261,3 +278,77 @@ def test_detail_page_renders_a_payload_of_any_depth(operator: Client) -> None:
     response = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
     assert response.status_code == 200
     assert "[[[[[[[[" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("codename", "action", "eligible"),
+    [
+        ("requeue_eventjob", "requeue_failed", "failed"),
+        ("reconcile_eventjob", "reconcile_applied", "unknown"),
+        ("discard_eventjob", "discard_failed", "failed"),
+        ("cancel_eventjob", "cancel_jobs", "queued"),
+        ("replay_eventjob", "replay_completed", "completed"),
+    ],
+)
+def test_each_permission_grants_only_its_action(
+    ledger_data: dict[str, int], codename: str, action: str, eligible: str
+) -> None:
+    client = staff(f"only-{codename}", "view_eventjob", codename)
+    html = client.get(reverse(CHANGELIST)).content.decode()
+    assert f'value="{action}"' in html
+    for other in set(ACTION_NAMES) - {action}:
+        if other.split("_")[0] != action.split("_")[0]:  # the two reconciles share one
+            assert f'value="{other}"' not in html, other
+    target = ids(eligible)[0]
+    page = client.get(reverse("admin:feishu_inbox_eventjob_change", args=[target])).content
+    assert f'data-action="{action}"'.encode() in page  # the job's own page offers it
+
+
+def test_a_jobs_page_offers_only_the_actions_its_state_allows(operator: Client) -> None:
+    fill()
+    offered = {
+        state: set(
+            re.findall(
+                r'data-action="([a-z_]+)"',
+                operator.get(
+                    reverse("admin:feishu_inbox_eventjob_change", args=[ids(state)[0]])
+                ).content.decode(),
+            )
+        )
+        for state in ("queued", "running", "retry_wait", "completed", "failed", "unknown")
+    }
+    assert offered == {
+        "queued": {"cancel_jobs"},
+        "running": {"cancel_jobs"},
+        "retry_wait": {"cancel_jobs"},
+        "completed": {"replay_completed"},
+        "failed": {"requeue_failed", "discard_failed"},
+        "unknown": {"reconcile_applied", "reconcile_not_applied"},
+    }
+
+
+def test_a_button_on_a_jobs_page_goes_through_the_confirmation_and_comes_back(
+    operator: Client,
+) -> None:
+    job = EventJobFactory()
+    page_url = reverse("admin:feishu_inbox_eventjob_change", args=[job.pk])
+    form = {"action": "cancel_jobs", "_selected_action": [str(job.pk)], "next": page_url}
+    confirm = operator.post(reverse(CHANGELIST), form)
+    assert confirm.status_code == 200 and b"fi-confirm" in confirm.content
+    assert EventJob.objects.get(pk=job.pk).status == "queued"  # nothing moved yet
+    done = operator.post(reverse(CHANGELIST), {**form, "confirmed": "yes"})
+    assert done.status_code == 302 and done["Location"] == page_url
+    assert EventJob.objects.get(pk=job.pk).error_type == "Cancelled"
+    history = LogEntry.objects.get(object_id=str(job.pk))
+    assert "Cancel jobs" in history.change_message and history.user.username == "operator"
+
+
+def test_replay_and_cancel_report_what_they_did_in_the_admin(operator: Client) -> None:
+    fill()
+    completed, running = ids("completed")[:1], ids("running")[:1]
+    page = act(operator, "replay_completed", completed + running, confirmed="yes")
+    text = page.content.decode()
+    assert f"#{running[0]}: [not_requeueable] Cannot replay job {running[0]}" in text
+    page = act(operator, "cancel_jobs", running, confirmed="yes")
+    assert "asked to stop at the next checkpoint" in page.content.decode()
+    assert EventJob.objects.get(pk=running[0]).cancel_requested

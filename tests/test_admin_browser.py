@@ -17,7 +17,8 @@ from feishu_inbox.demo_data import fill
 from feishu_inbox.models import EventJob
 
 from .browser import chromium_context
-from .processes import ROOT
+from .processes import ROOT, wait_for
+from .worker_helpers import Workers, enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,14 +30,6 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with chromium_context() as context:
         yield context
-    if connection.vendor == "postgresql":
-        # The live server's request threads are daemons that Django does not join: one may
-        # still hold its connection when the session drops the test database.
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
 
 
 def test_operator_reconciles_unknown_jobs_in_the_browser(
@@ -113,3 +106,39 @@ def test_operator_reconciles_unknown_jobs_in_the_browser(
     for name in ("list-unknown", "detail", "confirm", "dashboard", "dashboard-after"):
         assert (shots / f"{name}.png").stat().st_size > 10_000
     print(f"screenshots: {shots}")
+
+
+def test_operator_cancels_a_running_job_from_its_page(
+    live_server: Any, browser_page: Any, workers: Workers
+) -> None:
+    shots = ROOT / "artifacts" / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    running = enqueue("runaway", ["checkpoints:60", "effect"])
+    workers.start()
+    wait_for(lambda: workers.lines("start", "runaway"), 30, "the runaway handler to start")
+    user = User.objects.create_user("oncall", password="s3cret-pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="feishu_inbox",
+            codename__in=["view_eventjob", "cancel_eventjob"],
+        )
+    )
+    base = live_server.url
+    page = browser_page.new_page()
+    page.goto(f"{base}/admin/login/?next=/admin/feishu_inbox/eventjob/{running}/change/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector('[data-action="cancel_jobs"]')
+    assert page.locator(".fi-job-action button").count() == 1  # running: cancel only
+    page.click('[data-action="cancel_jobs"]')
+    page.wait_for_selector(".fi-confirm")
+    page.screenshot(path=str(shots / "confirm-cancel.png"), full_page=True)
+    page.click(".fi-confirm input[type=submit]")
+    page.wait_for_url(f"**/eventjob/{running}/change/")
+    assert "asked to stop at the next checkpoint" in page.inner_text(".messagelist")
+    wait_for(lambda: EventJob.objects.get(pk=running).status == "completed", 10, "the job to end")
+    page.reload()
+    assert "Cancelled" in page.inner_text("#content-main")
+    page.screenshot(path=str(shots / "cancelled.png"), full_page=True)
+    assert not workers.lines("effect", "runaway")

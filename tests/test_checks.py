@@ -76,3 +76,20 @@ def test_sqlite_without_wal_and_immediate_is_warned() -> None:
         assert "feishu_inbox.W002" in [m.id for m in run_checks()]
     finally:
         db["OPTIONS"] = saved
+
+
+def test_no_handler_registered_at_all_is_warned_w004() -> None:
+    from feishu_inbox import handlers
+
+    saved = dict(handlers._registry)
+    try:
+        handlers._registry.clear()
+        found = [m for m in run_checks() if m.id == "feishu_inbox.W004"]
+        assert found and "feishu_handlers.py" in (found[0].hint or "")
+    finally:
+        handlers._registry.update(saved)
+    handlers._registry.setdefault("t.any", []).append(lambda event: None)
+    try:
+        assert "feishu_inbox.W004" not in [m.id for m in run_checks()]
+    finally:
+        del handlers._registry["t.any"]

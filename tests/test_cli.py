@@ -100,7 +100,7 @@ def test_requeue_refusal_names_each_job_exits_non_zero_and_moves_nothing() -> No
         call_command(
             "inbox", "requeue", str(queued.pk), str(failed.pk), stdout=StringIO(), stderr=err
         )
-    assert f"job {queued.pk}: refused: Cannot requeue job {queued.pk}: it is queued" in (
+    assert f"job {queued.pk}: refused: [invalid_state] Cannot requeue job {queued.pk}: it is" in (
         err.getvalue()
     )
     assert snapshot(queued.pk) == before
@@ -139,3 +139,39 @@ def test_cli_actions_are_recorded_under_the_given_user() -> None:
     entry = LogEntry.objects.get(object_id=str(job.pk))
     assert entry.user == operator
     assert "the effect happened" in entry.get_change_message()
+
+
+@pytest.mark.django_db
+def test_cancel_and_replay_from_the_shell_with_codes_in_json() -> None:
+    finished = EventJobFactory(partition_key="a")
+    ledger.finish(ledger.claim("w")[0].lease, note="NoHandler")
+    running = EventJobFactory(partition_key="c")
+    assert [j.id for j in ledger.claim("w")] == [running.pk]
+    waiting = EventJobFactory(partition_key="b")
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 of 3 jobs refused"):
+        call_command(
+            "inbox", "cancel", str(waiting.pk), str(running.pk), str(finished.pk), "--json",
+            stdout=out, stderr=StringIO(),
+        )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert result["done"] == [waiting.pk] and result["pending"] == [running.pk]
+    [refused] = result["refused"]
+    assert (refused["id"], refused["code"]) == (finished.pk, "invalid_state")
+    assert refused["message"].startswith(f"Cannot cancel job {finished.pk}: it is completed")
+    assert refused["fix"]
+    assert EventJob.objects.get(pk=waiting.pk).error_type == "Cancelled"
+    assert f"job {finished.pk}: replayed" in inbox(
+        "replay", "--error", "NoHandler", "--since", "1h"
+    )
+    assert EventJob.objects.get(pk=finished.pk).status == "queued"
+
+
+@pytest.mark.django_db
+def test_replay_without_ids_or_filters_is_refused_with_its_code() -> None:
+    with pytest.raises(CommandError, match=r"^\[invalid_argument\] replay needs job ids"):
+        inbox("replay")
+    with pytest.raises(CommandError, match="neither an ISO 8601 time nor a duration"):
+        inbox("replay", "--since", "yesterday-ish")
+    with pytest.raises(CommandError, match=r"^\[not_found\] There is no job 4242"):
+        inbox("show", "4242")

@@ -194,6 +194,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert outcome.done == [job_id]
         if action in ("discard", "ok"):
             job.status = "completed"
+            job.in_flight, job.uncertain = 0, False  # settled by the operator
         else:
             job.status, job.attempt = "queued", 0
             if action == "redo":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import feishu_inbox
@@ -87,6 +88,12 @@ def steps(event: Event) -> None:
             raise SystemExit(arg or "a handler called sys.exit")
         elif kind == "interrupt":
             raise KeyboardInterrupt(arg or "a handler raised KeyboardInterrupt")
+        elif kind == "retry_after" and event.attempt == 1:  # first attempt only
+            raise feishu_inbox.RetryAfter(float(arg))
+        elif kind == "retry_at" and event.attempt == 1:
+            from django.utils import timezone
+
+            raise feishu_inbox.RetryAt(timezone.now() + timedelta(seconds=float(arg)))
         elif kind == "os_exit":
             record("dying", event.event_id, pid)
             os._exit(3)

@@ -30,10 +30,12 @@ class Workers:
                 [sys.executable, "manage.py", "runworker", "-v", "2", *args],
                 cwd=ROOT,
                 env=subprocess_env(
-                    FEISHU_INBOX_HANDLERS="tests.worker_handlers",
-                    WORKER_TEST_DIR=str(self.dir),
-                    LOG_LEVEL="DEBUG",
-                    **env,
+                    **{
+                        "FEISHU_INBOX_HANDLERS": "tests.worker_handlers",
+                        "WORKER_TEST_DIR": str(self.dir),
+                        "LOG_LEVEL": "DEBUG",
+                        **env,
+                    }
                 ),
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,

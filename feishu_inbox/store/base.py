@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .queries import Query, load
+from .schema import COMPLETED
 
 #: A row read by a named query: column name → value.
 Row = dict[str, Any]
@@ -51,8 +52,12 @@ class Transition:
 
     found: bool
     changed: bool = False
-    #: The job's status when the transition was refused.
+    #: The job's status after the transition, or when it was refused.
     status: str = ""
+    #: Another live job of the same event stood in the way (replay).
+    duplicate: bool = False
+    #: The job's id after the transition (a replay may move it to the end of its partition).
+    job_id: int = 0
 
 
 def aware(value: Any) -> Any:
@@ -219,29 +224,74 @@ class SqlStore:
         return expired
 
     def transition(
-        self, name: str, job_id: int, *, from_status: str, resolution: str, message: str = ""
+        self,
+        name: str,
+        job_id: int,
+        *,
+        from_statuses: list[str],
+        resolution: str,
+        message: str = "",
     ) -> Transition:
-        """Apply operator transition ``name`` if the job is ``from_status``; one transaction."""
+        """Apply operator transition ``name`` if the job is in one of ``from_statuses``; one
+        transaction, the partition row locked first."""
         with self.transaction():
-            found = self.row("job_partition", {"job_id": job_id})
-            if found is None:
+            key = self._lock_partition_of(job_id)
+            if key is None:
                 return Transition(found=False)
-            self.lock_partitions([found["partition_key"]])
-            changed = self.row(
-                name,
-                {
-                    "job_id": job_id,
-                    "from_status": from_status,
-                    "resolution": resolution,
-                    "message": message,
-                },
-            )
+            params = {
+                "job_id": job_id,
+                "statuses": from_statuses,
+                "resolution": resolution,
+                "message": message,
+            }
+            changed = self.row(name, params)
             if changed is None:
-                status = self.row("job_status", {"job_id": job_id})
-                return Transition(found=True, status=str(status["status"]) if status else "")
-            self.resync_heads([changed["partition_key"]])
-            self.notify(changed["partition_key"])
-        return Transition(found=True, changed=True)
+                return Transition(found=True, status=self._status(job_id), job_id=job_id)
+            self.resync_heads([key])
+            self.notify(key)
+        return Transition(found=True, changed=True, status=changed["status"], job_id=job_id)
+
+    def replay(self, job_id: int, *, resolution: str) -> Transition:
+        """completed → queued, at its place in its partition if no later job has run, else
+        as its newest job (a new id); refused while another live job has the same event."""
+        with self.transaction():
+            key = self._lock_partition_of(job_id)
+            if key is None:
+                return Transition(found=False)
+            status = self._status(job_id)
+            if status != COMPLETED:
+                return Transition(found=True, status=status, job_id=job_id)
+            if self.row("replay_duplicate", {"job_id": job_id}) is not None:
+                return Transition(found=True, status=status, duplicate=True, job_id=job_id)
+            if self.row("replay_later_ran", {"job_id": job_id, "partition_key": key}):
+                new_id = int(self.rows("next_job_id")[0]["id"])
+                moved = {"job_id": job_id, "new_id": new_id}
+                self.execute("move_job", moved)
+                self.execute("move_attempts", moved)
+                job_id = new_id
+            replayed = self.row("replay", {"job_id": job_id, "resolution": resolution})
+            assert replayed is not None  # completed, and the partition row is locked
+            self.resync_heads([key])
+            self.notify(key)
+        return Transition(found=True, changed=True, status=replayed["status"], job_id=job_id)
+
+    def _lock_partition_of(self, job_id: int) -> str | None:
+        found = self.row("job_partition", {"job_id": job_id})
+        if found is None:
+            return None
+        self.lock_partitions([found["partition_key"]])
+        return str(found["partition_key"])
+
+    def _status(self, job_id: int) -> str:
+        found = self.row("job_status", {"job_id": job_id})
+        return str(found["status"]) if found else ""
+
+    def job_signals(self, job_ids: list[int], *, interrupt_private: bool) -> dict[int, Row]:
+        """For each running job: ``cancel_requested`` and ``superseded``."""
+        if not job_ids:
+            return {}
+        params = {"job_ids": job_ids, "interrupt_private": interrupt_private}
+        return {r["id"]: r for r in self.rows("job_signals", params)}
 
     def unknown_past_retention(self, seconds: float) -> list[int]:
         return [r["id"] for r in self.rows("unknown_past_retention", {"seconds": seconds})]

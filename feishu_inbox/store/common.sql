@@ -44,7 +44,7 @@ RETURNING lease_until
 -- NULL increments it instead (a caller that does not count).
 UPDATE {job} SET effects_in_flight = COALESCE(%(in_flight)s, effects_in_flight + 1),
     side_effect_started = TRUE
-WHERE {fence} AND NOT ({superseded})
+WHERE {fence} AND NOT cancel_requested AND NOT ({superseded})
 RETURNING id
 
 -- end_effect --
@@ -56,19 +56,23 @@ WHERE {fence} AND effects_in_flight > COALESCE(%(in_flight)s - 1, 0)
 RETURNING id
 
 -- hand_back --
--- Return a job that started no effect to the queue, due now, giving its attempt back (fenced).
+-- Return a job that started no effect to the queue, due now, giving its attempt back (fenced);
+-- one an operator cancelled meanwhile is completed instead.
 UPDATE {job} SET
-    status = CASE WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
+    status = CASE WHEN cancel_requested THEN '{completed}'
+                  WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
     attempt = attempt - 1, available_at = now(),
-    error_type = 'HandedBack', error_message = 'The worker shut down.',
+    finished_at = CASE WHEN cancel_requested THEN now() ELSE finished_at END,
+    error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE 'HandedBack' END,
+    error_message = 'The worker shut down.',
     lease_token = '', lease_until = NULL
 WHERE {fence} AND NOT {effect_started}
 RETURNING status
 
 -- lease_state --
--- What a fenced call that matched nothing ran into: the job's owner, token and whether its
--- lease has expired by the database's clock.
-SELECT status, worker_id, lease_token, lease_until <= now() AS expired
+-- What a fenced call that matched nothing ran into: the job's owner, token, whether its
+-- lease has expired by the database's clock, and whether an operator cancelled it.
+SELECT status, worker_id, lease_token, lease_until <= now() AS expired, cancel_requested
 FROM {job} WHERE id = %(job_id)s
 
 -- newer_private_waiting --
@@ -89,9 +93,9 @@ SELECT status FROM {job} WHERE id = %(job_id)s
 -- precondition is a parameter: the ledger says which state each action starts from.
 UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
     effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
-    error_type = '', error_message = '', resolution = %(resolution)s
-WHERE id = %(job_id)s AND status = %(from_status)s
-RETURNING partition_key
+    cancel_requested = FALSE, error_type = '', error_message = '', resolution = %(resolution)s
+WHERE id = %(job_id)s AND status IN {statuses}
+RETURNING partition_key, status
 
 -- mark_done --
 -- An operator's "consider it done" (discard a failed job; reconcile an unknown one as
@@ -99,16 +103,79 @@ RETURNING partition_key
 -- the operator settled it (side_effect_started stays, for the record).
 UPDATE {job} SET status = '{completed}', finished_at = now(), resolution = %(resolution)s,
     effects_in_flight = 0, effect_uncertain = FALSE
-WHERE id = %(job_id)s AND status = %(from_status)s
-RETURNING partition_key
+WHERE id = %(job_id)s AND status IN {statuses}
+RETURNING partition_key, status
 
 -- expire_unknown --
 -- unknown → completed (UnknownExpired) after the unknown retention. Its completed retention
 -- starts now (finished_at), so its history stays as long as any completed job's.
 UPDATE {job} SET status = '{completed}', finished_at = now(), error_type = 'UnknownExpired',
     error_message = %(message)s, resolution = %(resolution)s
-WHERE id = %(job_id)s AND status = %(from_status)s
-RETURNING partition_key
+WHERE id = %(job_id)s AND status IN {statuses}
+RETURNING partition_key, status
+
+-- cancel --
+-- An operator's cancel: a job that has not run yet (queued, waiting to retry) completes now as
+-- Cancelled; a running one is asked to stop (its handler stops at its next checkpoint or
+-- effect, and however its attempt ends it is not retried). Every right-hand side reads the
+-- row as it was.
+UPDATE {job} SET
+    status = CASE WHEN status = '{running}' THEN status ELSE '{completed}' END,
+    finished_at = CASE WHEN status = '{running}' THEN finished_at ELSE now() END,
+    error_type = CASE WHEN status = '{running}' THEN error_type ELSE 'Cancelled' END,
+    error_message = CASE WHEN status = '{running}' THEN error_message
+                         ELSE 'Cancelled by an operator before it ran.' END,
+    cancel_requested = (status = '{running}'),
+    resolution = CASE WHEN status = '{running}' THEN resolution ELSE %(resolution)s END
+WHERE id = %(job_id)s AND status IN {statuses}
+RETURNING partition_key, status
+
+-- replay_duplicate --
+-- Another live job of the same event (its event id or dedupe key), which a replay must not
+-- run beside.
+SELECT other.id FROM {job} other, {job} this
+WHERE this.id = %(job_id)s AND other.app = this.app AND other.id <> this.id
+  AND (other.event_id = this.event_id OR other.dedupe_key = this.dedupe_key)
+  AND NOT (other.status = '{completed}')
+LIMIT 1
+
+-- replay_later_ran --
+-- Has a later job of the partition run (been claimed, or has a history: a job replayed before
+-- this one, in the same batch or not)? Then a replay goes to the end, after it, and replayed
+-- jobs keep their receipt order among themselves.
+SELECT later.id FROM {job} later
+WHERE later.partition_key = %(partition_key)s AND later.id > %(job_id)s
+  AND (later.status <> '{queued}' OR later.attempt > 0
+       OR EXISTS (SELECT 1 FROM {attempt} a WHERE a.job_id = later.id))
+LIMIT 1
+
+-- move_job --
+-- Give a job a new receipt sequence (its id): it becomes the newest of its partition. Its
+-- history moves with it; the foreign keys are checked at commit.
+UPDATE {job} SET id = %(new_id)s WHERE id = %(job_id)s
+
+-- move_attempts --
+-- The moved job's history follows it.
+UPDATE {attempt} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
+
+-- replay --
+-- completed → queued, attempt 0, due now, effect flags and error cleared; its history stays.
+UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
+    effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
+    cancel_requested = FALSE, error_type = '', error_message = '', resolution = %(resolution)s
+WHERE id = %(job_id)s AND status = '{completed}'
+RETURNING partition_key, status
+
+-- job_signals --
+-- For each running job of a worker: has an operator cancelled it, is it superseded (SPEC §4)?
+-- The worker asks at least twice a second, in one statement for all its jobs.
+SELECT j.id, j.cancel_requested,
+    (%(interrupt_private)s AND j.private_message AND COALESCE(
+        (SELECT private_message FROM {job}
+         WHERE partition_key = j.partition_key AND id > j.id AND {unresolved}
+         ORDER BY partition_key, id LIMIT 1), FALSE)) AS superseded
+FROM {job} j
+WHERE j.id IN {job_ids} AND j.status = '{running}'
 
 -- unknown_past_retention --
 -- Unknown jobs that ended longer ago than the unknown retention.
@@ -170,13 +237,15 @@ DELETE FROM {attempt} WHERE job_id IN {job_ids}
 DELETE FROM {job} WHERE id IN {job_ids}
 
 -- expire_lease_jobs --
--- SPEC §3 Lease expiry: unknown if an effect started, else retry now or failed when the
--- attempts are spent. Re-checks the expiry: a renewal may have landed since the probe.
+-- SPEC §3 Lease expiry: unknown if an effect started, completed if an operator cancelled it,
+-- failed (WorkerCrashed) when its attempts are spent, else it runs again now. Re-checks the
+-- expiry: a renewal may have landed since the probe.
 UPDATE {job} SET
     status = {status_after_failure},
     error_type = CASE
         WHEN {effect_started} THEN 'LeaseExpiredAfterSideEffect'
-        WHEN attempt >= %(max_attempts)s THEN 'WorkerCrashed'
+        WHEN cancel_requested THEN 'Cancelled'
+        WHEN {attempts_spent} THEN 'WorkerCrashed'
         ELSE 'LeaseExpired' END,
     error_message = 'The worker ' || worker_id || ' stopped renewing its lease (it crashed, '
         || 'was killed, or was paused past the lease) on attempt ' || attempt || '.',

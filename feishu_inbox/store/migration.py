@@ -16,10 +16,17 @@ from .queries import function_file
 
 
 class RunPostgresFunctions(migrations.RunSQL):
-    def __init__(self, filename: str, *, reverse_filename: str) -> None:
+    """``reverse_filename``: one file or several, run in order, that restore what the
+    previous migrations had."""
+
+    def __init__(self, filename: str, *, reverse_filename: str | tuple[str, ...]) -> None:
         self.filename = filename
         self.reverse_filename = reverse_filename
-        super().__init__(sql=function_file(filename), reverse_sql=function_file(reverse_filename))
+        reverse = (reverse_filename,) if isinstance(reverse_filename, str) else reverse_filename
+        super().__init__(
+            sql=function_file(filename),
+            reverse_sql="\n".join(function_file(name) for name in reverse),
+        )
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return (

@@ -27,6 +27,7 @@ class PostgresStore(SqlStore):
     list_parameters = {
         "job_ids": "(SELECT unnest(%(job_ids)s::bigint[]))",
         "keys": "(SELECT unnest(%(keys)s::text[]))",
+        "statuses": "(SELECT unnest(%(statuses)s::text[]))",
     }
 
     def listen(
@@ -79,12 +80,7 @@ class PostgresStore(SqlStore):
 
     def finish(self, fence: Fence, error_type: str) -> str | None:
         return self._end_attempt(
-            fence,
-            fail=False,
-            error_type=error_type,
-            error_message="",
-            max_attempts=0,
-            retry_in=0.0,
+            fence, fail=False, error_type=error_type, error_message="", max_attempts=0, retry_in=0
         )
 
     def fail(

@@ -14,7 +14,8 @@
 -- (enqueue_partition, enqueue_job, duplicate_of, set_first_head).
 SELECT job_id, created
 FROM feishu_inbox_enqueue(%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s,
-                          %(partition_key)s, %(private_message)s, %(payload)s)
+                          %(partition_key)s, %(private_message)s, %(payload)s,
+                          %(max_attempts)s)
 
 -- claim --
 -- Claim up to %(limit)s due partition heads, lowest receipt sequence first, with row locks that
@@ -82,3 +83,7 @@ FOR UPDATE SKIP LOCKED
 -- The planner's estimate of the job table's rows, so the dashboard never counts a huge ledger.
 -- Only on PostgreSQL: SQLite keeps no such estimate; there completed jobs are counted.
 SELECT reltuples::bigint AS n FROM pg_class WHERE oid = '{job}'::regclass
+
+-- next_job_id --
+-- A new receipt sequence for a job a replay moves to the end of its partition.
+SELECT nextval(pg_get_serial_sequence('{job}', 'id')) AS id

@@ -31,6 +31,12 @@ CLAIMED_COLUMNS = (
 
 #: SPEC §3 Effects: once any effect started the job is never retried automatically.
 EFFECT_STARTED = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)"
+#: A job's attempts: its own (its handler's policy), else the site's (%(max_attempts)s).
+ATTEMPTS_SPENT = "attempt >= COALESCE(max_attempts, %(max_attempts)s)"
+STATUS_AFTER_FAILURE = (
+    f"CASE WHEN {EFFECT_STARTED} THEN '{UNKNOWN}' WHEN cancel_requested THEN '{COMPLETED}' "
+    f"WHEN {ATTEMPTS_SPENT} THEN '{FAILED}' ELSE '{RETRY_WAIT}' END"
+)
 #: Written exactly as the partial index's predicate: SQLite uses a partial index only when
 #: the query's WHERE names its condition in the same textual form.
 UNRESOLVED = f"NOT (status = '{COMPLETED}')"
@@ -72,10 +78,14 @@ SQL_NAMES: dict[str, str] = {
         f"id = %(job_id)s AND status = '{RUNNING}' AND worker_id = %(worker_id)s "
         "AND lease_token = %(token)s AND lease_until > now()"
     ),
-    # Where an attempt that failed (or whose lease expired) leaves its job (SPEC §3 Fail).
-    "status_after_failure": (
-        f"CASE WHEN {EFFECT_STARTED} THEN '{UNKNOWN}' "
-        f"WHEN attempt >= %(max_attempts)s THEN '{FAILED}' ELSE '{RETRY_WAIT}' END"
+    # Where an attempt that failed (or whose lease expired, or was handed back) leaves its
+    # job (SPEC §3 Fail): an effect started → unknown; an operator cancelled it → completed;
+    # its attempts spent → failed; else it runs again.
+    "status_after_failure": STATUS_AFTER_FAILURE,
+    "attempts_spent": ATTEMPTS_SPENT,
+    "error_after_failure": (
+        f"CASE WHEN {EFFECT_STARTED} THEN %(error_type)s WHEN cancel_requested THEN 'Cancelled' "
+        "ELSE %(error_type)s END"
     ),
     "claimed_columns": CLAIMED_COLUMNS,
     "uncertain_message": (

@@ -49,6 +49,7 @@ class SqliteStore(SqlStore):
     list_parameters = {
         "job_ids": "(SELECT value FROM json_each(%(job_ids)s))",
         "keys": "(SELECT value FROM json_each(%(keys)s))",
+        "statuses": "(SELECT value FROM json_each(%(statuses)s))",
     }
 
     def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:

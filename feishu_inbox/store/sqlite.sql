@@ -21,12 +21,12 @@ RETURNING head_id
 -- Take the receipt sequence (the id) under that lock; nothing when the dedupe key is stored.
 -- Only on SQLite (PostgreSQL: inside feishu_inbox_enqueue()).
 INSERT INTO {job} (app, event_id, event_type, dedupe_key, partition_key,
-    private_message, payload, status, attempt, received_at, available_at,
+    private_message, payload, status, attempt, max_attempts, received_at, available_at,
     worker_id, lease_token, effects_in_flight, side_effect_started,
-    effect_uncertain, error_type, error_message, resolution)
+    effect_uncertain, cancel_requested, error_type, error_message, resolution)
 VALUES (%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s, %(partition_key)s,
-    %(private_message)s, %(payload)s, '{queued}', 0, now(), now(),
-    '', '', 0, FALSE, FALSE, '', '', '')
+    %(private_message)s, %(payload)s, '{queued}', 0, %(max_attempts)s, now(), now(),
+    '', '', 0, FALSE, FALSE, FALSE, '', '', '')
 ON CONFLICT (app, dedupe_key) DO NOTHING
 RETURNING id
 
@@ -59,7 +59,7 @@ WHERE key IN {keys}
 UPDATE {job} SET status = '{running}', attempt = attempt + 1,
     worker_id = %(worker_id)s, lease_token = %(token)s,
     lease_until = feishu_inbox_now_plus(%(lease_seconds)s),
-    claimed_at = now(), error_type = '', error_message = ''
+    claimed_at = now(), error_type = '', error_message = '', cancel_requested = FALSE
 WHERE id IN {job_ids} AND status IN {claimable}
 RETURNING {claimed_columns}
 
@@ -75,14 +75,14 @@ WHERE {fence}
 RETURNING status
 
 -- fail_job --
--- The handler raised: unknown if any effect started, else retry later or failed when the
--- attempts are spent (fenced). Only on SQLite (PostgreSQL: inside feishu_inbox_end_attempt()).
+-- The handler raised: unknown if any effect started, completed if an operator cancelled it,
+-- failed when the attempts are spent, else retry in %(retry_in)s seconds (fenced). Only on
+-- SQLite (PostgreSQL: inside feishu_inbox_end_attempt()).
 UPDATE {job} SET
     status = {status_after_failure},
-    available_at = CASE
-        WHEN {effect_started} OR attempt >= %(max_attempts)s THEN available_at
-        ELSE feishu_inbox_now_plus(%(retry_in)s) END,
-    finished_at = now(), error_type = %(error_type)s, error_message = %(error_message)s,
+    available_at = CASE WHEN {status_after_failure} = '{retry_wait}'
+        THEN feishu_inbox_now_plus(%(retry_in)s) ELSE available_at END,
+    finished_at = now(), error_type = {error_after_failure}, error_message = %(error_message)s,
     lease_token = '', lease_until = NULL
 WHERE {fence}
 RETURNING status
@@ -109,3 +109,8 @@ SELECT p.key FROM {partition} p
 WHERE p.head_state = '{idle}'
   AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.partition_key = p.key)
 LIMIT %(limit)s
+
+-- next_job_id --
+-- A new receipt sequence for a job a replay moves to the end of its partition. Differs from
+-- PostgreSQL: the AUTOINCREMENT counter lives in sqlite_sequence (never reusing an id).
+UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = '{job}' RETURNING seq AS id

@@ -5,18 +5,61 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from feishu_inbox import ledger
-from feishu_inbox.errors import InboxError
+from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
 from feishu_inbox.models import EventJob, Status, job_as_dict
+from feishu_inbox.operators import Outcome
 from feishu_inbox.retention import purge
 from feishu_inbox.stats import stats as read_stats
 
 log = logging.getLogger("feishu_inbox.operator")
+
+#: name → (help, the ledger call, the label in the admin history)
+OPERATOR_ACTIONS: dict[str, tuple[str, Callable[[list[int], dict[str, Any]], Outcome], str]] = {
+    "requeue": ("failed → queued (attempt 0).", lambda ids, o: ledger.requeue(ids), "Requeued"),
+    "reconcile": (
+        "Resolve unknown jobs: --applied or --not-applied.",
+        lambda ids, o: ledger.reconcile(ids, applied=bool(o["applied"])),
+        "Reconciled",
+    ),
+    "discard": (
+        "failed → completed, unblocking its chat.",
+        lambda ids, o: ledger.discard(ids),
+        "Discarded",
+    ),
+    "cancel": (
+        "Cancel jobs: queued or waiting ones at once, running ones at their next checkpoint.",
+        lambda ids, o: ledger.cancel(ids),
+        "Cancelled",
+    ),
+    "replay": (
+        "completed → queued: run the event again (by id, or --event-type/--since/--error).",
+        lambda ids, o: ledger.replay(ids),
+        "Replayed",
+    ),
+}
+
+
+def since(value: str) -> datetime:
+    """``--since``: an ISO 8601 time, or a duration ago (30m, 6h, 2d)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return timezone.now() - timedelta(seconds=int(value[:-1]) * units[value[-1]])
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ArgumentTypeError(
+            f"{value!r} is neither an ISO 8601 time nor a duration like 30m, 6h, 2d"
+        ) from None
+    return parsed if parsed.tzinfo else timezone.make_aware(parsed)
 
 
 class Command(BaseCommand):
@@ -34,23 +77,39 @@ class Command(BaseCommand):
         show = sub.add_parser("show", help="One job with its payload and attempts.")
         show.add_argument("id", type=int)
         show.add_argument("--json", action="store_true")
-        requeue = sub.add_parser("requeue", help="failed → queued (attempt 0).")
-        requeue.add_argument("ids", type=int, nargs="+", metavar="ID")
-        reconcile = sub.add_parser("reconcile", help="Resolve unknown jobs.")
-        reconcile.add_argument("ids", type=int, nargs="+", metavar="ID")
-        discard = sub.add_parser("discard", help="failed → completed, unblocking its chat.")
-        discard.add_argument("ids", type=int, nargs="+", metavar="ID")
-        for action in (requeue, reconcile, discard):
+        for name, (help_text, _, _) in OPERATOR_ACTIONS.items():
+            action = sub.add_parser(name, help=help_text)
+            action.add_argument(
+                "ids", type=int, nargs="*" if name == "replay" else "+", metavar="ID"
+            )
             action.add_argument(
                 "--user",
                 help="Django username to record this under in the admin history "
                 "(who did what, when); must exist.",
             )
-        how = reconcile.add_mutually_exclusive_group(required=True)
-        how.add_argument("--applied", action="store_true", help="The effect happened: mark done.")
-        how.add_argument(
-            "--not-applied", action="store_true", help="It did not happen: run it again."
-        )
+            action.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
+            if name == "reconcile":
+                how = action.add_mutually_exclusive_group(required=True)
+                how.add_argument(
+                    "--applied", action="store_true", help="The effect happened: mark done."
+                )
+                how.add_argument(
+                    "--not-applied", action="store_true", help="It did not happen: run it again."
+                )
+            if name == "replay":
+                action.add_argument("--event-type", help="Replay completed jobs of this type…")
+                action.add_argument("--app", help="… of this Feishu app …")
+                action.add_argument(
+                    "--since",
+                    type=since,
+                    help="… received since this time (ISO 8601) or this long ago (30m, 6h, 2d) …",
+                )
+                action.add_argument(
+                    "--error", help="… that ended with this error type (e.g. NoHandler)"
+                )
+                action.add_argument(
+                    "--limit", type=int, default=1000, help="at most this many (1000)"
+                )
         sub.add_parser("purge", help="Delete completed jobs past retention.")
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
 
@@ -59,7 +118,7 @@ class Command(BaseCommand):
         try:
             getattr(self, f"do_{action.replace('-', '_')}")(options)
         except InboxError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(exc.described()) from exc
 
     def _print_json(self, data: object) -> None:
         self.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str))
@@ -99,7 +158,7 @@ class Command(BaseCommand):
     def do_show(self, options: dict[str, Any]) -> None:
         job = EventJob.objects.filter(pk=options["id"]).first()
         if job is None:
-            raise CommandError(f"There is no job {options['id']}.")
+            raise JobNotFound(f"There is no job {options['id']}.")
         data = job_as_dict(job, payload=True)
         data["attempts"] = [
             {
@@ -130,57 +189,89 @@ class Command(BaseCommand):
         model = get_user_model()
         user = model._default_manager.filter(**{model.USERNAME_FIELD: options["user"]}).first()
         if user is None:
-            raise CommandError(f"There is no user {options['user']!r}; nothing was changed.")
+            raise LedgerError(
+                f"There is no user {options['user']!r} to record this under.",
+                fix="Give an existing Django username to --user; nothing was changed.",
+            )
         return user
 
-    def _report(
-        self, outcome: ledger.Outcome, verb: str, user: Any = None, label: str = ""
-    ) -> None:
+    def _act(self, options: dict[str, Any]) -> None:
+        """An operator action: the same ledger function as the admin's, recorded the same."""
+        name = options["action"]
+        _, call, label = OPERATOR_ACTIONS[name]
+        verb = {"requeue": "requeued", "discard": "discarded", "cancel": "cancelled"}.get(
+            name, "replayed"
+        )
+        if name == "reconcile":
+            applied = bool(options["applied"])
+            label = f"{label}: the effect {'happened, mark done' if applied else 'did NOT happen'}"
+            verb = "marked done" if applied else "queued to run again"
+        user = self._operator(options)
+        ids = options["ids"] or (self._matching(options) if name == "replay" else [])
+        outcome = call(ids, options)
         log.info(
-            "%s by %s (OS user %s) via manage.py inbox: done %s, refused %s",
-            label or verb,
+            "%s by %s (OS user %s) via manage.py inbox: done %s, pending %s, refused %s",
+            label,
             getattr(user, "username", "-"),
             getpass.getuser(),
             outcome.done,
+            outcome.pending,
             sorted(outcome.refused),
         )
-        if user is not None and outcome.done:
+        changed = [*outcome.done, *outcome.pending]
+        if user is not None and changed:
             from django.contrib.admin.models import CHANGE, LogEntry
 
             LogEntry.objects.log_actions(
                 user.pk,
-                EventJob.objects.filter(pk__in=outcome.done),
+                EventJob.objects.filter(pk__in=changed),
                 CHANGE,
-                change_message=f"{label or verb} (manage.py inbox)",
+                change_message=f"{label} (manage.py inbox)",
             )
-        for job_id in outcome.done:
-            self.stdout.write(f"job {job_id}: {verb}")
-        for job_id, error in outcome.refused.items():
-            self.stderr.write(f"job {job_id}: refused: {error}")
+        if options["json"]:
+            self._print_json(
+                {
+                    "done": outcome.done,
+                    "pending": outcome.pending,
+                    "moved": {str(old): new for old, new in outcome.moved.items()},
+                    "refused": [
+                        {"id": job_id, **error.as_dict()}
+                        for job_id, error in outcome.refused.items()
+                    ],
+                }
+            )
+        else:
+            moved_to = {new: old for old, new in outcome.moved.items()}
+            for job_id in outcome.done:
+                was = f" (was job {moved_to[job_id]})" if job_id in moved_to else ""
+                self.stdout.write(f"job {job_id}: {verb}{was}")
+            for job_id in outcome.pending:
+                self.stdout.write(f"job {job_id}: running, asked to stop at its next checkpoint")
+            for job_id, error in outcome.refused.items():
+                self.stderr.write(f"job {job_id}: refused: {error.described()}")
         if outcome.refused:
+            total = len(outcome.done) + len(outcome.pending) + len(outcome.refused)
+            raise CommandError(f"{len(outcome.refused)} of {total} jobs refused; not changed.")
+
+    do_requeue = do_reconcile = do_discard = do_cancel = do_replay = _act
+
+    def _matching(self, options: dict[str, Any]) -> list[int]:
+        """The completed jobs a ``replay`` without ids names by its filters (oldest first)."""
+        if not (options["event_type"] or options["since"] or options["error"]):
             raise CommandError(
-                f"{len(outcome.refused)} of {len(outcome.done) + len(outcome.refused)} "
-                "jobs refused; they were not changed."
+                "[invalid_argument] replay needs job ids, or filters: --event-type, --since, "
+                "--error (and --app). — e.g. `inbox replay --error NoHandler --since 1h`"
             )
-
-    def do_requeue(self, options: dict[str, Any]) -> None:
-        user = self._operator(options)
-        self._report(ledger.requeue(options["ids"]), "requeued", user, "Requeue failed job")
-
-    def do_reconcile(self, options: dict[str, Any]) -> None:
-        user = self._operator(options)
-        applied = bool(options["applied"])
-        outcome = ledger.reconcile(options["ids"], applied=applied)
-        label = (
-            "Reconcile unknown: the effect happened, mark done"
-            if applied
-            else "Reconcile unknown: the effect did NOT happen, run again"
-        )
-        self._report(outcome, "marked done" if applied else "queued to run again", user, label)
-
-    def do_discard(self, options: dict[str, Any]) -> None:
-        user = self._operator(options)
-        self._report(ledger.discard(options["ids"]), "discarded", user, "Discard failed job")
+        jobs = EventJob.objects.completed()
+        if options["event_type"]:
+            jobs = jobs.filter(event_type=options["event_type"])
+        if options["app"]:
+            jobs = jobs.filter(app=options["app"])
+        if options["since"]:
+            jobs = jobs.filter(received_at__gte=options["since"])
+        if options["error"]:
+            jobs = jobs.filter(error_type=options["error"])
+        return list(jobs.order_by("id").values_list("id", flat=True)[: max(options["limit"], 0)])
 
     def do_demo_data(self, options: dict[str, Any]) -> None:
         from feishu_inbox.demo_data import fill

@@ -1,0 +1,138 @@
+"""Operator actions (SPEC §3): requeue, reconcile, discard, cancel, replay — and the expiry of
+old unknown jobs, which the retention purge applies the same way.
+
+Each is a guarded transition applied to each job in its own transaction, its partition row
+locked first. Every job it does not apply to is refused, with a typed error (code, message,
+fix), and stays as it was — also when it changed state between the operator's click and the
+update. ``ledger`` offers these functions under the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .errors import Duplicate, InvalidState, JobNotFound, LedgerError, NotRequeueable
+from .models import Resolution, Status
+from .store import store
+
+#: What to do instead, when an action meets a job of another state.
+_HINTS = {
+    "requeue": "Failed jobs are requeued or discarded; unknown jobs need reconcile.",
+    "discard": "Failed jobs are requeued or discarded; unknown jobs need reconcile.",
+    "reconcile": "Unknown jobs are reconciled; failed jobs are requeued or discarded.",
+    "cancel": "Only a job that has not finished can be cancelled; replay a completed one, "
+    "requeue or discard a failed one, reconcile an unknown one.",
+}
+
+
+@dataclass
+class Outcome:
+    """Per-job result of an operator action over several jobs."""
+
+    done: list[int] = field(default_factory=list)
+    refused: dict[int, LedgerError] = field(default_factory=dict)
+    #: Running jobs asked to stop (cancel): their handler stops at its next checkpoint.
+    pending: list[int] = field(default_factory=list)
+    #: Replayed jobs that moved to the end of their partition: old id → new id.
+    moved: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """One guarded transition an operator may apply."""
+
+    doing: str
+    #: The store's query (``common.sql``) and the states it applies to.
+    transition: str
+    from_statuses: tuple[Status, ...]
+    resolution: str = Resolution.NONE
+
+    def apply(self, job_ids: Iterable[int], *, message: str = "") -> Outcome:
+        """Apply it to each job in its own transaction; refuse every other job, with why."""
+        outcome = Outcome()
+        for job_id in dict.fromkeys(job_ids):
+            found = store().transition(
+                self.transition,
+                job_id,
+                from_statuses=[s.value for s in self.from_statuses],
+                resolution=self.resolution,
+                message=message,
+            )
+            if found.changed and found.status == Status.RUNNING:
+                outcome.pending.append(job_id)
+            elif found.changed:
+                outcome.done.append(job_id)
+            elif not found.found:
+                outcome.refused[job_id] = _not_found(self.doing, job_id)
+            else:
+                outcome.refused[job_id] = InvalidState(
+                    f"Cannot {self.doing} job {job_id}: it is {found.status}, "
+                    f"not {' or '.join(self.from_statuses)}.",
+                    fix=_HINTS.get(self.doing, ""),
+                )
+        return outcome
+
+
+def _not_found(doing: str, job_id: int) -> JobNotFound:
+    return JobNotFound(f"Cannot {doing} job {job_id}: there is no such job.")
+
+
+REQUEUE = OperatorAction("requeue", "run_again", (Status.FAILED,), Resolution.REQUEUED)
+DISCARD = OperatorAction("discard", "mark_done", (Status.FAILED,), Resolution.DISCARDED)
+RECONCILE_APPLIED = OperatorAction("reconcile", "mark_done", (Status.UNKNOWN,), Resolution.APPLIED)
+RECONCILE_NOT_APPLIED = OperatorAction(
+    "reconcile", "run_again", (Status.UNKNOWN,), Resolution.NOT_APPLIED
+)
+CANCEL = OperatorAction(
+    "cancel", "cancel", (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING), Resolution.CANCELLED
+)
+EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", (Status.UNKNOWN,), Resolution.EXPIRED)
+
+
+def requeue(job_ids: Iterable[int]) -> Outcome:
+    """``failed`` → ``queued``, attempt 0, due now."""
+    return REQUEUE.apply(job_ids)
+
+
+def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
+    """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
+    return (RECONCILE_APPLIED if applied else RECONCILE_NOT_APPLIED).apply(job_ids)
+
+
+def discard(job_ids: Iterable[int]) -> Outcome:
+    """``failed`` → ``completed`` (resolution recorded), unblocking its partition."""
+    return DISCARD.apply(job_ids)
+
+
+def cancel(job_ids: Iterable[int]) -> Outcome:
+    """``queued``/``retry_wait`` → ``completed`` (``Cancelled``) at once; a ``running`` job is
+    asked to stop (``Outcome.pending``): its handler stops at its next checkpoint or effect
+    with ``Cancelled``, and it ends ``completed`` (``unknown`` if an effect is uncertain)."""
+    return CANCEL.apply(job_ids)
+
+
+def replay(job_ids: Iterable[int]) -> Outcome:
+    """``completed`` → ``queued``, attempt 0, its history kept: a new run of the same event
+    (a handler bug was fixed, an event had no handler). It keeps its place in its partition
+    if no later job has run, else it becomes the partition's newest job (``Outcome.moved``).
+    Live jobs are refused (``not_requeueable``), and so is a job whose event another live job
+    holds (``duplicate``)."""
+    outcome = Outcome()
+    for job_id in dict.fromkeys(job_ids):
+        found = store().replay(job_id, resolution=Resolution.REPLAYED)
+        if found.changed:
+            outcome.done.append(found.job_id)
+            if found.job_id != job_id:
+                outcome.moved[job_id] = found.job_id
+        elif not found.found:
+            outcome.refused[job_id] = _not_found("replay", job_id)
+        elif found.duplicate:
+            outcome.refused[job_id] = Duplicate(
+                f"Cannot replay job {job_id}: another live job holds the same event."
+            )
+        else:
+            outcome.refused[job_id] = NotRequeueable(
+                f"Cannot replay job {job_id}: it is {found.status}; only completed jobs run again."
+            )
+    return outcome
