@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.db import connection, connections
+from django.test import override_settings
 
+from .fake_feishu import FakeFeishu
 from .worker_helpers import Workers
 
 
@@ -46,3 +49,24 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
         yield w
     finally:
         w.stop_all()
+
+
+@pytest.fixture
+def fake_feishu() -> Iterator[FakeFeishu]:
+    """A running fake of Feishu's Open API, and settings whose apps "bot" and "other" use it.
+
+    Each test gets fresh app ids: the SDK caches tokens per app id for the whole process.
+    """
+    from feishu_inbox import openapi
+
+    ids = {name: f"cli_{name}_{secrets.token_hex(6)}" for name in ("bot", "other")}
+    with FakeFeishu(apps={app_id: f"secret-{app_id}" for app_id in ids.values()}) as fake:
+        apps = {
+            name: {"APP_ID": app_id, "APP_SECRET": f"secret-{app_id}", "DOMAIN": fake.url}
+            for name, app_id in ids.items()
+        }
+        with override_settings(FEISHU_INBOX={"APPS": apps}):
+            try:
+                yield fake
+            finally:
+                openapi.forget_clients()
