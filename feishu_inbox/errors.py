@@ -153,8 +153,8 @@ class FeishuRateLimited(FeishuAPIError):
 
 class FeishuTransientError(FeishuAPIError):
     """A 5xx answer, a connection error or a timeout: Feishu may have created the message
-    (``maybe_applied``). Re-sending with the same ``uuid`` within an hour returns the message
-    created first, if any, and creates none."""
+    (``maybe_applied``). Re-sending with the same ``uuid`` within an hour cannot create a
+    second one."""
 
     code = "feishu_transient"
     retryable = True

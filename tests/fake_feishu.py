@@ -10,7 +10,8 @@ independent of feishu_inbox's own code:
   ``POST /open-apis/im/v1/messages/{message_id}/reply`` (reply): the bearer token must be one
   it issued and unexpired (else code 99991663); the body is checked as Feishu documents it; a
   ``uuid`` seen for the same app within ``uuid_window`` (an hour) answers the first message
-  and creates nothing.
+  and creates nothing (Feishu documents "at most one message per uuid in an hour", not its
+  answer to the repeat: this is the fake's assumption).
 
 It records every message it created (``messages``) and every request (``requests``), counts
 token fetches per app, and fails on request::

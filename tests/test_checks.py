@@ -151,7 +151,7 @@ def test_credentials_without_the_sdk_are_an_error(monkeypatch: pytest.MonkeyPatc
 
 
 def test_django_start_up_and_checks_do_not_import_the_sdk(tmp_path: Path) -> None:
-    """lark_oapi takes seconds and 150 MB to import: only the first Open API call imports it."""
+    """lark_oapi takes seconds and 140 MB to import: only the first Open API call imports it."""
     code = (
         "import sys, django; django.setup();"
         "from django.core.management import call_command; call_command('check');"
