@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
-from .conf import inbox_settings, unknown_keys
+from .conf import APP_KEYS, inbox_settings, unknown_keys
 from .errors import ConfigurationError
 from .store import store_for
 
@@ -87,6 +88,52 @@ def check_app_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         if isinstance(secrets, dict)
         and not (secrets.get("ENCRYPT_KEY") or secrets.get("VERIFICATION_TOKEN"))
     ]
+
+
+@register(Tags.security)
+def check_openapi_credentials(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An app that replies through the Open API needs APP_ID and APP_SECRET, and the SDK."""
+    try:
+        apps = inbox_settings().APPS
+    except (ConfigurationError, TypeError):
+        return []  # reported by check_settings
+    messages: list[CheckMessage] = []
+    replying = []
+    for name, secrets in apps.items() if isinstance(apps, dict) else ():
+        if not isinstance(secrets, dict):
+            continue  # reported by check_settings
+        unknown = sorted(str(key) for key in secrets if key not in APP_KEYS)
+        if unknown:
+            messages.append(
+                Warning(
+                    f"Feishu app {name!r} has unknown keys {', '.join(unknown)}; they are ignored.",
+                    hint="Check their spelling: an app's keys are " + ", ".join(APP_KEYS) + ".",
+                    id="feishu_inbox.W007",
+                )
+            )
+        has_id, has_secret = bool(secrets.get("APP_ID")), bool(secrets.get("APP_SECRET"))
+        if has_id != has_secret:
+            present, missing = ("APP_ID", "APP_SECRET") if has_id else ("APP_SECRET", "APP_ID")
+            messages.append(
+                Warning(
+                    f"Feishu app {name!r} has an {present} but no {missing}: it cannot reply "
+                    "or send through the Open API.",
+                    hint="Copy both from the app's Credentials page in the Feishu console.",
+                    id="feishu_inbox.W006",
+                )
+            )
+        elif has_id:
+            replying.append(name)
+    if replying and find_spec("lark_oapi") is None:
+        messages.append(
+            Error(
+                "Open API credentials are set for Feishu app "
+                f"{', '.join(map(repr, replying))}, but Feishu's SDK (lark-oapi) is not installed.",
+                hint="pip install 'feishu-inbox[openapi]'.",
+                id="feishu_inbox.E005",
+            )
+        )
+    return messages
 
 
 @register()

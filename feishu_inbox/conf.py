@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -43,7 +44,8 @@ class InboxSettings:
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.
     HANDLER_MODULES: tuple[str, ...] | list[str] = ()
     #: Feishu apps this site receives events for: name -> {"ENCRYPT_KEY", "VERIFICATION_TOKEN"}.
-    #: No ENCRYPT_KEY means plaintext mode (token check only).
+    #: No ENCRYPT_KEY means plaintext mode (token check only). An app that replies through the
+    #: Open API also has "APP_ID", "APP_SECRET" and optionally "DOMAIN" (see ``APP_KEYS``).
     APPS: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Largest request body the webhook reads (413 above).
     MAX_BODY_BYTES: int = 1024 * 1024
@@ -93,6 +95,8 @@ class InboxSettings:
                 'APPS must map app names to dicts like {"ENCRYPT_KEY": ..., '
                 '"VERIFICATION_TOKEN": ...}.'
             )
+        else:
+            problems.extend(app_problems(self.APPS))
         if self.MAX_BODY_BYTES < 1024:
             problems.append(f"MAX_BODY_BYTES must be at least 1024 (got {self.MAX_BODY_BYTES}).")
         window = self.REPLAY_WINDOW_SECONDS
@@ -107,6 +111,60 @@ class InboxSettings:
 
 
 _FIELDS = {f.name for f in fields(InboxSettings)}
+
+#: The keys of one app in APPS. The webhook reads the first two; the Open API client
+#: (``openapi.py``) the last three: DOMAIN is "feishu" (the default), "lark", or the base URL of
+#: a private deployment or a local test server.
+APP_KEYS = ("ENCRYPT_KEY", "VERIFICATION_TOKEN", "APP_ID", "APP_SECRET", "DOMAIN")
+#: Where each DOMAIN name sends Open API calls (the values of lark_oapi.FEISHU_DOMAIN and
+#: LARK_DOMAIN, repeated here so that reading settings never imports the SDK).
+OPENAPI_DOMAINS = {"feishu": "https://open.feishu.cn", "lark": "https://open.larksuite.com"}
+#: Plain http is allowed only to these hosts (the SDK refuses it elsewhere: the requests carry
+#: the app secret and the tenant token).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def openapi_base_url(domain: str) -> str:
+    """The Open API origin an app's DOMAIN names; ConfigurationError saying why if none."""
+    named = OPENAPI_DOMAINS.get(domain.strip().lower())
+    if named:
+        return named
+    url = domain.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        host, _ = (parts.hostname or "").lower(), parts.port  # .port checks the port
+    except ValueError as exc:
+        raise ConfigurationError(f"DOMAIN {domain!r} is not a URL ({exc}).") from None
+    why = ""
+    if parts.scheme not in ("https", "http") or not host:
+        why = 'it must be "feishu", "lark" or a base URL like https://open.example.com'
+    elif parts.scheme == "http" and host not in LOOPBACK_HOSTS:
+        why = "plain http is allowed only to 127.0.0.1, localhost or ::1; use https"
+    elif "@" in parts.netloc or parts.path or parts.query or parts.fragment:
+        why = "a base URL is scheme://host[:port] only, without a path, query or credentials"
+    if why:
+        raise ConfigurationError(f"DOMAIN {domain!r} is not valid: {why}.")
+    return url
+
+
+def app_problems(apps: dict[str, dict[str, Any]]) -> list[str]:
+    """Every invalid value among the apps' keys, as sentences (a key set in one app but not
+    its partner is a warning, ``feishu_inbox.W006``, not a problem here)."""
+    problems = []
+    for name, secrets in apps.items():
+        for key in APP_KEYS:
+            value = secrets.get(key)
+            if value is not None and not isinstance(value, str):
+                problems.append(
+                    f"APPS[{name!r}][{key!r}] must be a string (got {type(value).__name__})."
+                )
+        domain = secrets.get("DOMAIN")
+        if isinstance(domain, str) and domain:
+            try:
+                openapi_base_url(domain)
+            except ConfigurationError as exc:
+                problems.append(f"APPS[{name!r}]: {exc.message}")
+    return problems
 
 
 def raw_settings() -> dict[str, Any]:

@@ -8,6 +8,9 @@ README prints it, and a test keeps the two and the code in step.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 #: Error messages kept on a job are cut to this many characters.
 ERROR_MESSAGE_LIMIT = 4000
 
@@ -103,6 +106,25 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "The database refuses this payload (a NUL character on PostgreSQL).",
         "Nothing to do: Feishu's redelivery could never store it either.",
     ),
+    # Feishu's Open API (replies and sends)
+    "feishu_error": (
+        "A call to Feishu's Open API did not succeed.",
+        "See the message: Feishu's code, its request id (log_id) and what to do.",
+    ),
+    "feishu_rate_limited": (
+        "Feishu's rate limit answered (HTTP 429 or code 99991400); nothing was sent.",
+        "Nothing: the job runs again, with the same uuid, at the reset time Feishu gave.",
+    ),
+    "feishu_transient": (
+        "Feishu answered 5xx, or the connection failed: the message may have been sent.",
+        "Nothing within the uuid's hour: the job re-sends with the same uuid, which cannot "
+        "send it twice.",
+    ),
+    "feishu_business": (
+        "Feishu refused the request (a 4xx or a non-zero code): nothing was sent.",
+        "Fix what Feishu's code and message name (the content, the app's permissions or "
+        "credentials, the chat), then requeue the job.",
+    ),
     "database_unavailable": (
         "The database is down or locked past its timeout; the event was not stored.",
         "Nothing: Feishu redelivers. Check the database if it lasts.",
@@ -195,3 +217,97 @@ class Superseded(BaseException):
 class Cancelled(BaseException):
     """Raised by ``checkpoint()`` (and by entering ``effect()``) when an operator cancelled the
     running job. A ``BaseException`` for the same reason as ``Superseded``."""
+
+
+# --- Feishu's Open API (openapi.py) -----------------------------------------------------------
+# Each class passes its ``fix`` explicitly, so it does not depend on how InboxError finds a
+# default one.
+
+
+class InvalidMessage(InboxError, ValueError):
+    """``send_message``/``reply_message`` refused their arguments before any request: every
+    problem is named in ``problems``. Nothing was sent."""
+
+    code = "invalid_argument"
+    fix = "Fix the call; nothing was sent."
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("Cannot send this message: " + "; ".join(problems) + ".", fix=self.fix)
+        self.problems = list(problems)
+
+
+class FeishuAPIError(InboxError):
+    """A call to Feishu's Open API did not succeed. The subclass says what to do next:
+
+    - ``FeishuRateLimited``: not applied; send it again (same ``uuid``) at ``reset_at``;
+    - ``FeishuTransientError``: may or may not have been applied; sending it again with the same
+      ``uuid`` within Feishu's one-hour dedupe window cannot create a second message;
+    - ``FeishuBusinessError``: Feishu refused it (``feishu_code``, ``feishu_msg``); sending it
+      again unchanged fails the same way.
+
+    ``status`` is the HTTP status (``None`` when no answer came), ``maybe_applied`` whether
+    Feishu may have acted on it, ``log_id`` Feishu's request id (give it to Feishu's support).
+    """
+
+    code = "feishu_error"
+    #: Whether the same request (same ``uuid``) may be sent again.
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        app: str,
+        status: int | None = None,
+        feishu_code: int | None = None,
+        feishu_msg: str = "",
+        log_id: str = "",
+        maybe_applied: bool = False,
+        fix: str | None = None,
+    ) -> None:
+        super().__init__(message, fix=self.fix if fix is None else fix)
+        self.app = app
+        self.status = status
+        self.feishu_code = feishu_code
+        self.feishu_msg = feishu_msg
+        self.log_id = log_id
+        self.maybe_applied = maybe_applied
+
+
+class FeishuRateLimited(FeishuAPIError):
+    """HTTP 429, or code 99991400 (older APIs answer it with HTTP 400). Not applied.
+
+    ``reset_at`` (an aware datetime) is when the limit lifts: now plus the response's
+    ``x-ogw-ratelimit-reset`` seconds, else its ``Retry-After``, else a short default
+    (``openapi.RATE_LIMIT_DEFAULT_WAIT``).
+    """
+
+    code = "feishu_rate_limited"
+    retryable = True
+    fix = "Send it again, with the same uuid, at its reset time."
+
+    def __init__(self, message: str, *, reset_at: datetime, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.reset_at = reset_at
+
+
+class FeishuTransientError(FeishuAPIError):
+    """A 5xx answer, a connection error or a timeout: Feishu may have created the message
+    (``maybe_applied``). Re-sending with the same ``uuid`` within an hour cannot create a
+    second one."""
+
+    code = "feishu_transient"
+    retryable = True
+    fix = "Send it again with the same uuid (within an hour of the first try)."
+
+
+class FeishuBusinessError(FeishuAPIError):
+    """Feishu refused the request (a 4xx answer or a non-zero ``code``): nothing was created,
+    and sending it again unchanged fails the same way. ``feishu_code`` and ``feishu_msg`` are
+    Feishu's own words."""
+
+    code = "feishu_business"
+    fix = (
+        "Feishu's code and message say what it refused (the message, the app's permissions "
+        "or credentials, the chat); fix that, then run the job again."
+    )

@@ -4,6 +4,7 @@ DATABASE_URL   default: a SQLite file next to manage.py (WAL, IMMEDIATE transact
 STATIC_ROOT    where `collectstatic` puts the admin's static files (default: staticfiles/)
 DEBUG, SECRET_KEY, ALLOWED_HOSTS
 FEISHU_ENCRYPT_KEY, FEISHU_VERIFICATION_TOKEN   the default Feishu app's secrets
+FEISHU_APP_ID, FEISHU_APP_SECRET, FEISHU_DOMAIN  its Open API credentials and domain (to reply)
 FEISHU_INBOX_HANDLERS   comma-separated dotted paths of handler modules
 """
 
@@ -111,6 +112,10 @@ FEISHU_INBOX: dict[str, object] = {
         "default": {
             "ENCRYPT_KEY": env.str("FEISHU_ENCRYPT_KEY", default=""),
             "VERIFICATION_TOKEN": env.str("FEISHU_VERIFICATION_TOKEN", default=""),
+            # Replying through the Open API (unset: the demo bot does not call Feishu).
+            "APP_ID": env.str("FEISHU_APP_ID", default=""),
+            "APP_SECRET": env.str("FEISHU_APP_SECRET", default=""),
+            "DOMAIN": env.str("FEISHU_DOMAIN", default="feishu"),
         },
     },
 }

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, connections
+from django.test import override_settings
 
+from .fake_feishu import FakeFeishu
 from .worker_helpers import Workers
 
 
@@ -61,3 +64,24 @@ def _no_connection_left_at_the_end(django_db_setup: None, django_db_blocker: Any
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
+
+
+@pytest.fixture
+def fake_feishu() -> Iterator[FakeFeishu]:
+    """A running fake of Feishu's Open API, and settings whose apps "bot" and "other" use it.
+
+    Each test gets fresh app ids: the SDK caches tokens per app id for the whole process.
+    """
+    from feishu_inbox import openapi
+
+    ids = {name: f"cli_{name}_{secrets.token_hex(6)}" for name in ("bot", "other")}
+    with FakeFeishu(apps={app_id: f"secret-{app_id}" for app_id in ids.values()}) as fake:
+        apps = {
+            name: {"APP_ID": app_id, "APP_SECRET": f"secret-{app_id}", "DOMAIN": fake.url}
+            for name, app_id in ids.items()
+        }
+        with override_settings(FEISHU_INBOX={"APPS": apps}):
+            try:
+                yield fake
+            finally:
+                openapi.forget_clients()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from feishu_inbox.conf import checked_settings, inbox_settings
+from feishu_inbox.conf import checked_settings, inbox_settings, openapi_base_url
 from feishu_inbox.errors import ConfigurationError
 
 # Django 6.1's JSONField check asks SQLite whether it supports JSON: checks touch the database.
@@ -93,3 +97,91 @@ def test_no_handler_registered_at_all_is_warned_w004() -> None:
         assert "feishu_inbox.W004" not in [m.id for m in run_checks()]
     finally:
         del handlers._registry["t.any"]
+
+
+# --- Open API credentials (APP_ID, APP_SECRET, DOMAIN) ----------------------------------------
+
+
+def replying_app(**keys: object) -> dict[str, object]:
+    return {"APPS": {"bot": {"VERIFICATION_TOKEN": "t", **keys}}}
+
+
+def test_open_api_credentials_and_domains_are_accepted() -> None:
+    import lark_oapi
+
+    for domain in ("feishu", "lark", "Lark", "https://open.example.com/", "http://127.0.0.1:8123"):
+        assert ids(**replying_app(APP_ID="cli_a", APP_SECRET="s", DOMAIN=domain)) == []
+    assert openapi_base_url("feishu") == lark_oapi.FEISHU_DOMAIN
+    assert openapi_base_url("lark") == lark_oapi.LARK_DOMAIN
+    assert openapi_base_url("https://open.example.com/") == "https://open.example.com"
+
+
+@pytest.mark.parametrize(
+    ("domain", "why"),
+    [
+        ("larksuite", "must be"),
+        ("http://open.example.com", "plain http"),
+        ("https://open.example.com/open-apis", "without a path"),
+        ("https://user:pw@open.example.com", "credentials"),
+        ("https://open.example.com:port", "not a URL"),
+    ],
+)
+def test_an_invalid_domain_is_an_error_saying_why(domain: str, why: str) -> None:
+    assert ids(**replying_app(APP_ID="cli_a", APP_SECRET="s", DOMAIN=domain)) == [
+        "feishu_inbox.E002"
+    ]
+    with (
+        override_settings(FEISHU_INBOX=replying_app(DOMAIN=domain)),
+        pytest.raises(ConfigurationError, match=why) as caught,
+    ):
+        checked_settings()
+    assert "APPS['bot']" in caught.value.message
+
+
+def test_app_keys_must_be_strings() -> None:
+    with (
+        override_settings(FEISHU_INBOX=replying_app(APP_ID=42, APP_SECRET="s")),
+        pytest.raises(ConfigurationError, match=r"APPS\['bot'\]\['APP_ID'\] must be a string"),
+    ):
+        checked_settings()
+
+
+def test_half_of_the_credentials_is_warned() -> None:
+    assert ids(**replying_app(APP_ID="cli_a")) == ["feishu_inbox.W006"]
+    assert ids(**replying_app(APP_SECRET="s", DOMAIN="lark")) == ["feishu_inbox.W006"]
+    assert ids(**replying_app(APP_ID="", APP_SECRET="", DOMAIN="feishu")) == []  # demo defaults
+    with override_settings(FEISHU_INBOX=replying_app(APP_ID="cli_a")):
+        [message] = [m for m in run_checks() if m.id == "feishu_inbox.W006"]
+    assert "has an APP_ID but no APP_SECRET" in message.msg
+
+
+def test_a_misspelt_app_key_is_warned() -> None:
+    assert ids(**replying_app(APP_ID="cli_a", APP_SECRET="s", DOMIAN="lark")) == [
+        "feishu_inbox.W007"
+    ]
+
+
+def test_credentials_without_the_sdk_are_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lark_oapi", None)  # find_spec: not installed
+    assert ids(**replying_app(APP_ID="cli_a", APP_SECRET="s")) == ["feishu_inbox.E005"]
+    assert ids(**replying_app()) == []  # an app that does not reply needs no SDK
+
+
+def test_django_start_up_and_checks_do_not_import_the_sdk(tmp_path: Path) -> None:
+    """lark_oapi takes seconds and 140 MB to import: only the first Open API call imports it."""
+    code = (
+        "import sys, django; django.setup();"
+        "from django.core.management import call_command; call_command('check');"
+        "import feishu_inbox, feishu_inbox.openapi;"
+        "print('lark_oapi' in sys.modules)"
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "FEISHU_APP_ID": "cli_a",
+        "FEISHU_APP_SECRET": "s",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False"
