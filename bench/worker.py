@@ -1,6 +1,7 @@
 """runworker on PostgreSQL beside Procrastinate and django-tasks-db, measured in one run.
 
 - no-op handler throughput: 1 process x 1 slot, 1 x 4, 2 x 4 (goal: ahead of both peers);
+- a 3-step no-op handler at 1 x 1: what a memoized step costs (goal: one round trip each);
 - enqueue -> handler-start latency with an idle worker woken by NOTIFY (goal: p50 < 10 ms);
 - CPU of an idle worker over --idle-seconds (goal: < 1% of a core);
 - worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up).
@@ -50,13 +51,18 @@ def fill(n: int, partitions: int, event_type: str = "bench.noop") -> None:
         cur.execute("ANALYZE")
 
 
-def throughput(url: str, procs: int, concurrency: int, n: int) -> float:
+def throughput(
+    url: str, procs: int, concurrency: int, n: int, event_type: str = "bench.noop"
+) -> float:
     """Jobs/s over the database window from the first claim to the last finish."""
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE feishu_inbox_attempt, feishu_inbox_eventjob, feishu_inbox_partition")
-    fill(n, 1000)
+        cur.execute(
+            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
+            "feishu_inbox_partition"
+        )
+    fill(n, 1000, event_type)
     workers = [
         subprocess.Popen(
             [
@@ -163,7 +169,9 @@ def memory(url: str, jobs: int) -> tuple[int, int, float]:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE feishu_inbox_attempt, feishu_inbox_eventjob, feishu_inbox_partition")
+        cur.execute(
+            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, feishu_inbox_partition"
+        )
     fill(jobs, 1000)
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", "4", "-v", "0"],
@@ -273,6 +281,7 @@ def main() -> None:
         "c4": throughput(url, 1, 4, args.jobs),
         "2x4": throughput(url, 2, 4, args.jobs),
     }
+    ours["steps_c1"] = throughput(url, 1, 1, args.jobs, "bench.steps")
     ours["p50_ms"], ours["p99_ms"] = latency(url, 500, 0.01)
     idle = idle_cpu(url, args.idle_seconds)
     warm, end, growth = memory(url, args.memory_jobs) if args.memory_jobs else (0, 0, 0.0)
@@ -305,6 +314,12 @@ def main() -> None:
         f"enqueue -> start latency p50 / p99 ms  {ours['p50_ms']:5.1f} / {ours['p99_ms']:5.1f}   "
         f"{cell('procrastinate', 'p50_ms'):>5} / {cell('procrastinate', 'p99_ms'):>5}   "
         f"{cell('django-tasks-db', 'p50_ms'):>5} / {cell('django-tasks-db', 'p99_ms'):>5} (interval 0.1 s)"
+    )
+    per_job_ms, per_step_ms = 1000 / ours["c1"], (1000 / ours["steps_c1"] - 1000 / ours["c1"]) / 3
+    print(
+        f"3-step no-op handler, 1 process x 1 slot: {ours['steps_c1']:,.0f} jobs/s; each step adds "
+        f"{per_step_ms:.2f} ms, a whole no-op job (one statement) takes {per_job_ms:.2f} ms: "
+        f"a step costs {per_step_ms / per_job_ms:.2f} of it (goal: one round trip each, at most)"
     )
     print(f"idle worker CPU over {args.idle_seconds:.0f} s: {idle:.2f}% of a core (goal < 1%)")
     if args.memory_jobs:

@@ -27,7 +27,7 @@ from django.utils.timesince import timesince
 from . import handlers
 from .admin_actions import ACTIONS, as_admin_action, page_context
 from .conf import inbox_settings
-from .models import BLOCKING, Attempt, EventJob, Partition, Status
+from .models import BLOCKING, Attempt, EventJob, Partition, Status, Step
 from .stats import dashboard
 
 STATUS_COLOURS: dict[str, str] = {
@@ -119,6 +119,32 @@ class AttemptInline(admin.TabularInline):
         return False
 
 
+class StepInline(admin.TabularInline):
+    """The job's memoized steps (SPEC §7): what a retry returns instead of running them."""
+
+    model = Step
+    readonly_fields = ["name", "attempt", "started_at", "took", "result_preview"]
+    fields = tuple(readonly_fields)
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="took")
+    def took(self, obj: Step) -> str:
+        return f"{(obj.finished_at - obj.started_at).total_seconds():.3f} s"
+
+    @admin.display(description="result")
+    def result_preview(self, obj: Step) -> str:
+        text = json.dumps(obj.result, ensure_ascii=False)
+        return text if len(text) <= 200 else text[:199] + "…"
+
+
 @admin.register(EventJob)
 class EventJobAdmin(admin.ModelAdmin):
     list_display = [
@@ -147,7 +173,7 @@ class EventJobAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice over the whole ledger
     paginator = CappedCountPaginator
     actions = [as_admin_action(name) for name in ACTIONS]
-    inlines = [AttemptInline]
+    inlines = [AttemptInline, StepInline]
     fieldsets = [
         (
             "Event",

@@ -22,7 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
 from . import ledger
-from .models import EventJob, Status
+from .models import EventJob, Status, Step
 
 if TYPE_CHECKING:
     from .admin import EventJobAdmin
@@ -35,11 +35,14 @@ class JobAction:
     label: str
     #: On a job's own page.
     button: str
-    call: Callable[[list[int]], ledger.Outcome]
+    call: Callable[[list[int], str | None], ledger.Outcome]
     #: ``feishu_inbox.<permission>_eventjob``.
     permission: str
     confirm: bool
     eligible: tuple[Status, ...]
+    #: It may run a job again from one of its steps (SPEC §7): the confirmation page offers
+    #: the jobs' step names, and it is shown whenever a selected job has steps.
+    from_step: bool = False
 
 
 ACTIONS: dict[str, JobAction] = {
@@ -49,25 +52,27 @@ ACTIONS: dict[str, JobAction] = {
             "requeue_failed",
             "Requeue failed jobs (run again from attempt 0)",
             "Requeue",
-            ledger.requeue,
+            lambda ids, step: ledger.requeue(ids, from_step=step),
             "requeue",
             False,
             (Status.FAILED,),
+            from_step=True,
         ),
         JobAction(
             "reconcile_not_applied",
             "Reconcile unknown: the effect did NOT happen, run again",
             "Reconcile: not applied, run again",
-            lambda ids: ledger.reconcile(ids, applied=False),
+            lambda ids, step: ledger.reconcile(ids, applied=False, from_step=step),
             "reconcile",
             True,
             (Status.UNKNOWN,),
+            from_step=True,
         ),
         JobAction(
             "reconcile_applied",
             "Reconcile unknown: the effect happened, mark done",
             "Reconcile: applied, mark done",
-            lambda ids: ledger.reconcile(ids, applied=True),
+            lambda ids, step: ledger.reconcile(ids, applied=True),
             "reconcile",
             True,
             (Status.UNKNOWN,),
@@ -76,7 +81,7 @@ ACTIONS: dict[str, JobAction] = {
             "discard_failed",
             "Discard failed jobs (mark done, unblock the chat)",
             "Discard",
-            ledger.discard,
+            lambda ids, step: ledger.discard(ids),
             "discard",
             True,
             (Status.FAILED,),
@@ -85,7 +90,7 @@ ACTIONS: dict[str, JobAction] = {
             "cancel_jobs",
             "Cancel jobs (waiting ones now, running ones at their next checkpoint)",
             "Cancel",
-            ledger.cancel,
+            lambda ids, step: ledger.cancel(ids),
             "cancel",
             True,
             (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING),
@@ -94,10 +99,11 @@ ACTIONS: dict[str, JobAction] = {
             "replay_completed",
             "Replay completed jobs (run the event again, history kept)",
             "Replay",
-            ledger.replay,
+            lambda ids, step: ledger.replay(ids, from_step=step),
             "replay",
             True,
             (Status.COMPLETED,),
+            from_step=True,
         ),
     )
 }
@@ -135,7 +141,8 @@ def run_action(
     back = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}):
         back = ""
-    if action.confirm and request.POST.get("confirmed") != "yes":
+    steps = _step_names(jobs) if action.from_step else []
+    if (action.confirm or steps) and request.POST.get("confirmed") != "yes":
         return TemplateResponse(
             request,
             "feishu_inbox/confirm_action.html",
@@ -150,12 +157,23 @@ def run_action(
                 "opts": EventJob._meta,
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "next": back,
+                "steps": steps,
             },
         )
-    outcome = action.call([j.pk for j in jobs])
+    outcome = action.call([j.pk for j in jobs], request.POST.get("from_step") or None)
     _record(model_admin, request, jobs, outcome, action)
     _report(model_admin, request, outcome, action)
     return HttpResponseRedirect(back) if back else None
+
+
+def _step_names(jobs: list[EventJob]) -> list[str]:
+    """The selected jobs' step names, in the order they started (the from-step choices)."""
+    names = (
+        Step.objects.filter(job__in=jobs)
+        .order_by("started_at", "id")
+        .values_list("name", flat=True)
+    )
+    return list(dict.fromkeys(names))
 
 
 def _record(

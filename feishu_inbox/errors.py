@@ -53,6 +53,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Another live job holds the same event (its event id or dedupe key).",
         "Let that job finish, or cancel it, then replay.",
     ),
+    "unknown_step": (
+        "The job has no step of that name to run again from.",
+        "Name one of its steps (the job's admin page lists them), or leave the step out.",
+    ),
+    "duplicate_step": (
+        "A handler ran two steps under one name in one attempt.",
+        "Give each step of a handler its own name.",
+    ),
     "lease_lost": (
         "The worker no longer holds the job: its lease expired or another worker took it.",
         "Stop working on it; lease expiry recovers it. If this happens often, raise LEASE_SECONDS.",
@@ -193,6 +201,18 @@ class Duplicate(LedgerError):
     """Another live job holds the same event."""
 
     code = "duplicate"
+
+
+class UnknownStep(LedgerError):
+    """``from_step`` names no step of the job; nothing changed."""
+
+    code = "unknown_step"
+
+
+class DuplicateStep(LedgerError):
+    """A handler ran two steps under one name in one attempt (a bug in the handler)."""
+
+    code = "duplicate_step"
 
 
 class LeaseLost(LedgerError):

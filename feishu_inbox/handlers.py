@@ -167,6 +167,11 @@ class JobContext:
     effects_started: bool = False
     #: This attempt's effects in flight (the worker is the only writer of its job's count).
     effects_in_flight: int = 0
+    #: Steps (SPEC §7): whether the job recorded any before, their results once read (None:
+    #: not yet), and the names this attempt has run.
+    has_steps: bool = False
+    memo: dict[str, Any] | None = None
+    steps_run: set[str] = field(default_factory=set)
     on_lost: Callable[[JobContext], None] | None = None
 
     def lease_left(self) -> float:
@@ -350,16 +355,18 @@ def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
         ctx.effects_in_flight = in_flight
 
 
+def in_db_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` on this (worker) thread's database connection, dropping a stale one
+    first: what a ledger call from async code runs in ``asyncio.to_thread``."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+    return fn(*args)
+
+
 async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:
     """Run a ledger call from async code, on a thread with its own database connection."""
-
-    def run() -> None:
-        from django.db import close_old_connections
-
-        close_old_connections()
-        fn(*args)
-
-    await asyncio.to_thread(run)
+    await asyncio.to_thread(in_db_thread, fn, *args)
 
 
 def is_async(fn: Handler) -> bool:

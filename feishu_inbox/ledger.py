@@ -30,7 +30,15 @@ from django.db import connection
 
 from . import handlers
 from .conf import checked_settings
-from .errors import Cancelled, InvalidState, LeaseLost, LedgerError, Superseded, truncate
+from .errors import (
+    Cancelled,
+    DuplicateStep,
+    InvalidState,
+    LeaseLost,
+    LedgerError,
+    Superseded,
+    truncate,
+)
 from .models import EventJob, Status
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
@@ -74,6 +82,8 @@ class ClaimedJob:
     payload: dict[str, Any]
     private_message: bool
     lease_until: datetime
+    #: A step of this job was recorded before: its memo is worth reading (SPEC §7).
+    has_steps: bool = False
 
     @property
     def id(self) -> int:
@@ -90,6 +100,7 @@ class ClaimedJob:
             payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
             private_message=bool(row["private_message"]),
             lease_until=aware(row["lease_until"]),
+            has_steps=bool(row["has_steps"]),
         )
 
 
@@ -286,6 +297,29 @@ def end_effect(lease: Lease, *, ok: bool, in_flight: int | None = None) -> None:
     many of this attempt's effects are still in flight after it."""
     if not store().end_effect(lease, in_flight=in_flight, uncertain=not ok):
         raise _lease_lost(lease, "end an effect of")
+
+
+def record_step(
+    lease: Lease, *, name: str, result: str, took: float, retrying: bool = False
+) -> None:
+    """Memoize a step's result (JSON text), fenced, as its function returns (SPEC §7).
+
+    Raises ``LeaseLost`` (nothing written) once the lease is gone, and ``DuplicateStep`` when
+    the job already has a step of that name, unless ``retrying`` a write whose reply was lost:
+    then the step is this attempt's own, and that try landed.
+    """
+    if store().record_step(lease, name=name, result=result, took=took):
+        return
+    why = _why_not_held(lease)
+    if why is not None:
+        raise LeaseLost(f"Cannot record step {name!r} of job {lease.job_id}: {why}.")
+    if not (retrying and store().step_attempt(lease.job_id, name) == lease.attempt):
+        raise DuplicateStep(f"Job {lease.job_id} already has a step named {name!r}.")
+
+
+def job_steps(job_id: int) -> dict[str, Any]:
+    """The job's memoized step results, by name."""
+    return store().job_steps(job_id)
 
 
 def finish(

@@ -4,6 +4,7 @@
 ``Partition``  one row per conversation: a mirror of its first non-completed job (the head),
                so a claim reads one small index instead of the backlog (DESIGN-NOTES).
 ``Attempt``    one row per ended attempt: the history an operator reads in admin.
+``Step``       one row per memoized step of a job (SPEC §7).
 ``Maintenance``  chores the workers share (the retention purge), one row each.
 
 State changes happen only through ``ledger.py`` (its SQL lives in ``store/``).
@@ -82,6 +83,9 @@ class EventJob(models.Model):
     #: An operator cancelled the running job: its handler stops at the next checkpoint or
     #: effect, and however its attempt ends, it is not retried.
     cancel_requested = models.BooleanField(default=False, db_default=False)
+    #: Whether a step of this job was ever recorded (SPEC §7): only then does a new attempt read
+    #: the memoized results, so a job without steps pays nothing for them.
+    has_steps = models.BooleanField(default=False, db_default=False)
     #: Attempts this job gets: its handler's retry policy when it was stored; None: the site's
     #: MAX_ATTEMPTS when an attempt ends (so raising it helps jobs already stored).
     max_attempts = models.PositiveIntegerField(null=True, blank=True)
@@ -225,6 +229,28 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} attempt {self.number}: {self.outcome}"
+
+
+class Step(models.Model):
+    """A memoized step of a job (SPEC §7): written fenced when its function returns; a later
+    attempt returns ``result`` instead of running the function again."""
+
+    job = models.ForeignKey(EventJob, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=128)
+    #: The attempt that ran it.
+    attempt = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name"], name="feishu_inbox_step_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} step {self.name}"
 
 
 class Maintenance(models.Model):

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .errors import Duplicate, InvalidState, JobNotFound, LedgerError, NotRequeueable
+from .errors import (
+    Duplicate,
+    InvalidState,
+    JobNotFound,
+    LedgerError,
+    NotRequeueable,
+    UnknownStep,
+)
 from .models import Resolution, Status
 from .store import store
 
@@ -48,7 +55,9 @@ class OperatorAction:
     from_statuses: tuple[Status, ...]
     resolution: str = Resolution.NONE
 
-    def apply(self, job_ids: Iterable[int], *, message: str = "") -> Outcome:
+    def apply(
+        self, job_ids: Iterable[int], *, message: str = "", from_step: str | None = None
+    ) -> Outcome:
         """Apply it to each job in its own transaction; refuse every other job, with why."""
         outcome = Outcome()
         for job_id in dict.fromkeys(job_ids):
@@ -58,8 +67,11 @@ class OperatorAction:
                 from_statuses=[s.value for s in self.from_statuses],
                 resolution=self.resolution,
                 message=message,
+                from_step=from_step,
             )
-            if found.changed and found.status == Status.RUNNING:
+            if found.unknown_step:
+                outcome.refused[job_id] = _unknown_step(self.doing, job_id, from_step)
+            elif found.changed and found.status == Status.RUNNING:
                 outcome.pending.append(job_id)
             elif found.changed:
                 outcome.done.append(job_id)
@@ -78,6 +90,10 @@ def _not_found(doing: str, job_id: int) -> JobNotFound:
     return JobNotFound(f"Cannot {doing} job {job_id}: there is no such job.")
 
 
+def _unknown_step(doing: str, job_id: int, name: str | None) -> UnknownStep:
+    return UnknownStep(f"Cannot {doing} job {job_id} from step {name!r}: it has no such step.")
+
+
 REQUEUE = OperatorAction("requeue", "run_again", (Status.FAILED,), Resolution.REQUEUED)
 DISCARD = OperatorAction("discard", "mark_done", (Status.FAILED,), Resolution.DISCARDED)
 RECONCILE_APPLIED = OperatorAction("reconcile", "mark_done", (Status.UNKNOWN,), Resolution.APPLIED)
@@ -90,14 +106,23 @@ CANCEL = OperatorAction(
 EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", (Status.UNKNOWN,), Resolution.EXPIRED)
 
 
-def requeue(job_ids: Iterable[int]) -> Outcome:
-    """``failed`` → ``queued``, attempt 0, due now."""
-    return REQUEUE.apply(job_ids)
+def requeue(job_ids: Iterable[int], *, from_step: str | None = None) -> Outcome:
+    """``failed`` → ``queued``, attempt 0, due now. Its memoized steps stay, except, with
+    ``from_step``, that step and every step that started after it (SPEC §7)."""
+    return REQUEUE.apply(job_ids, from_step=from_step)
 
 
-def reconcile(job_ids: Iterable[int], *, applied: bool) -> Outcome:
-    """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again)."""
-    return (RECONCILE_APPLIED if applied else RECONCILE_NOT_APPLIED).apply(job_ids)
+def reconcile(job_ids: Iterable[int], *, applied: bool, from_step: str | None = None) -> Outcome:
+    """``unknown`` → ``completed`` (the effect happened) or ``queued`` (it did not: run again,
+    from ``from_step`` if given)."""
+    if applied and from_step is not None:
+        raise LedgerError(
+            "reconcile --applied marks the job done: there is no step to run again from.",
+            fix="Leave from_step out, or reconcile as not applied.",
+        )
+    return (RECONCILE_APPLIED if applied else RECONCILE_NOT_APPLIED).apply(
+        job_ids, from_step=from_step
+    )
 
 
 def discard(job_ids: Iterable[int]) -> Outcome:
@@ -112,16 +137,19 @@ def cancel(job_ids: Iterable[int]) -> Outcome:
     return CANCEL.apply(job_ids)
 
 
-def replay(job_ids: Iterable[int]) -> Outcome:
+def replay(job_ids: Iterable[int], *, from_step: str | None = None) -> Outcome:
     """``completed`` → ``queued``, attempt 0, its history kept: a new run of the same event
     (a handler bug was fixed, an event had no handler). It keeps its place in its partition
     if no later job has run, else it becomes the partition's newest job (``Outcome.moved``).
     Live jobs are refused (``not_requeueable``), and so is a job whose event another live job
-    holds (``duplicate``)."""
+    holds (``duplicate``). Its memoized steps stay, except, with ``from_step``, that step and
+    every step that started after it."""
     outcome = Outcome()
     for job_id in dict.fromkeys(job_ids):
-        found = store().replay(job_id, resolution=Resolution.REPLAYED)
-        if found.changed:
+        found = store().replay(job_id, resolution=Resolution.REPLAYED, from_step=from_step)
+        if found.unknown_step:
+            outcome.refused[job_id] = _unknown_step("replay", job_id, from_step)
+        elif found.changed:
             outcome.done.append(found.job_id)
             if found.job_id != job_id:
                 outcome.moved[job_id] = found.job_id

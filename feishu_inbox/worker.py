@@ -337,6 +337,7 @@ class Worker:
             event=event,
             lease_seconds=self.lease_seconds,
             renewed_at=sent,
+            has_steps=job.has_steps,
             on_lost=self._slots.free,
         )
 

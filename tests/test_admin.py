@@ -10,7 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db.models import JSONField, Value
 from django.db.models.functions import Cast
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from feishu_inbox import ledger
@@ -352,3 +352,25 @@ def test_replay_and_cancel_report_what_they_did_in_the_admin(operator: Client) -
     page = act(operator, "cancel_jobs", running, confirmed="yes")
     assert "asked to stop at the next checkpoint" in page.content.decode()
     assert EventJob.objects.get(pk=running[0]).cancel_requested
+
+
+def test_the_confirmation_page_offers_the_jobs_steps_to_run_again_from(operator: Client) -> None:
+    import feishu_inbox
+    from feishu_inbox.models import Step
+
+    from .test_steps import InHandler
+
+    job = EventJobFactory()
+    [claimed] = ledger.claim("w")
+    with InHandler(claimed):
+        for name in ("fetch", "think", "draft"):
+            feishu_inbox.step(name, str, name)
+    with override_settings(FEISHU_INBOX={"MAX_ATTEMPTS": 1}):
+        assert ledger.fail(claimed.lease, error_type="Boom") == "failed"
+    page = act(operator, "requeue_failed", [job.pk])  # requeue confirms when there are steps
+    html = page.content.decode()
+    assert "fi-confirm" in html and 'name="from_step"' in html
+    assert html.index('value="fetch"') < html.index('value="think"') < html.index('value="draft"')
+    act(operator, "requeue_failed", [job.pk], confirmed="yes", from_step="think")
+    assert list(Step.objects.filter(job_id=job.pk).values_list("name", flat=True)) == ["fetch"]
+    assert EventJob.objects.get(pk=job.pk).status == "queued"

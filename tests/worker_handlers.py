@@ -94,10 +94,26 @@ def steps(event: Event) -> None:
             from django.utils import timezone
 
             raise feishu_inbox.RetryAt(timezone.now() + timedelta(seconds=float(arg)))
+        elif kind == "step":  # a memoized step; "ran" is written when its function runs
+            feishu_inbox.step(arg, lambda arg=arg: _ran(event, arg))
+        elif kind == "step_fails_once":  # a step whose function raises on the first attempt
+            feishu_inbox.step(arg, lambda arg=arg: _ran(event, arg, fail=event.attempt == 1))
+        elif kind == "step_gate":  # a step that waits for the gate of its name, inside
+            feishu_inbox.step(arg, lambda arg=arg: _ran(event, arg, gate=arg))
         elif kind == "os_exit":
             record("dying", event.event_id, pid)
             os._exit(3)
     record("end", event.event_id, pid, time.monotonic_ns())
+
+
+def _ran(event: Event, name: str, *, fail: bool = False, gate: str = "") -> str:
+    record("step_start", event.event_id, name, event.attempt)
+    if gate:
+        wait_gate(gate)
+    if fail:
+        raise ValueError(f"step {name} fails on attempt {event.attempt}")
+    record("ran", event.event_id, name, event.attempt)
+    return f"{name}-result"
 
 
 @feishu_inbox.handler("test.async")

@@ -7,6 +7,7 @@ replaces the hot operations (enqueue, claim, end of attempt) with one stored-fun
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -58,6 +59,13 @@ class Transition:
     duplicate: bool = False
     #: The job's id after the transition (a replay may move it to the end of its partition).
     job_id: int = 0
+    #: The step to run again from is not one of the job's (nothing changed).
+    unknown_step: bool = False
+
+
+def _json(value: Any) -> Any:
+    """A JSON column read by raw SQL: text on SQLite (and with Django's psycopg loaders)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def aware(value: Any) -> Any:
@@ -231,13 +239,17 @@ class SqlStore:
         from_statuses: list[str],
         resolution: str,
         message: str = "",
+        from_step: str | None = None,
     ) -> Transition:
         """Apply operator transition ``name`` if the job is in one of ``from_statuses``; one
-        transaction, the partition row locked first."""
+        transaction, the partition row locked first. ``from_step``: that step and every step
+        that started after it are forgotten with it."""
         with self.transaction():
             key = self._lock_partition_of(job_id)
             if key is None:
                 return Transition(found=False)
+            if not self._has_step(job_id, from_step):
+                return Transition(found=True, unknown_step=True, job_id=job_id)
             params = {
                 "job_id": job_id,
                 "statuses": from_statuses,
@@ -247,11 +259,12 @@ class SqlStore:
             changed = self.row(name, params)
             if changed is None:
                 return Transition(found=True, status=self._status(job_id), job_id=job_id)
+            self._forget_steps(job_id, from_step)
             self.resync_heads([key])
             self.notify(key)
         return Transition(found=True, changed=True, status=changed["status"], job_id=job_id)
 
-    def replay(self, job_id: int, *, resolution: str) -> Transition:
+    def replay(self, job_id: int, *, resolution: str, from_step: str | None = None) -> Transition:
         """completed → queued, at its place in its partition if no later job has run, else
         as its newest job (a new id); refused while another live job has the same event."""
         with self.transaction():
@@ -261,6 +274,8 @@ class SqlStore:
             status = self._status(job_id)
             if status != COMPLETED:
                 return Transition(found=True, status=status, job_id=job_id)
+            if not self._has_step(job_id, from_step):
+                return Transition(found=True, unknown_step=True, job_id=job_id)
             if self.row("replay_duplicate", {"job_id": job_id}) is not None:
                 return Transition(found=True, status=status, duplicate=True, job_id=job_id)
             if self.row("replay_later_ran", {"job_id": job_id, "partition_key": key}):
@@ -268,7 +283,9 @@ class SqlStore:
                 moved = {"job_id": job_id, "new_id": new_id}
                 self.execute("move_job", moved)
                 self.execute("move_attempts", moved)
+                self.execute("move_steps", moved)
                 job_id = new_id
+            self._forget_steps(job_id, from_step)
             replayed = self.row("replay", {"job_id": job_id, "resolution": resolution})
             assert replayed is not None  # completed, and the partition row is locked
             self.resync_heads([key])
@@ -281,6 +298,14 @@ class SqlStore:
             return None
         self.lock_partitions([found["partition_key"]])
         return str(found["partition_key"])
+
+    def _has_step(self, job_id: int, name: str | None) -> bool:
+        """No step named, or the job has one of that name."""
+        return name is None or self.step_attempt(job_id, name) is not None
+
+    def _forget_steps(self, job_id: int, from_step: str | None) -> None:
+        if from_step is not None:
+            self.execute("forget_steps", {"job_id": job_id, "from_step": from_step})
 
     def _status(self, job_id: int) -> str:
         found = self.row("job_status", {"job_id": job_id})
@@ -304,6 +329,7 @@ class SqlStore:
             ]
             if job_ids:
                 self.execute("delete_attempts", {"job_ids": job_ids})
+                self.execute("delete_steps", {"job_ids": job_ids})
                 self.execute("delete_jobs", {"job_ids": job_ids})
         return len(job_ids)
 
@@ -313,6 +339,22 @@ class SqlStore:
             if keys:
                 self.execute("delete_idle_partitions", {"keys": keys})
         return len(keys)
+
+    # --- steps (SPEC §7) ----------------------------------------------------------------------
+
+    def job_steps(self, job_id: int) -> dict[str, Any]:
+        """The job's memoized step results, by step name."""
+        return {r["name"]: _json(r["result"]) for r in self.rows("job_steps", {"job_id": job_id})}
+
+    def step_attempt(self, job_id: int, name: str) -> int | None:
+        found = self.row("step_attempt", {"job_id": job_id, "name": name})
+        return None if found is None else int(found["attempt"])
+
+    def record_step(self, fence: Fence, *, name: str, result: str, took: float) -> bool:
+        """Write a step's result, fenced; False when the lease is lost or it is recorded."""
+        params = {**fence_params(fence), "name": name, "result": result, "took": took}
+        with self.write():
+            return self.row("record_step", params) is not None
 
     def claim_chore(self, name: str, worker_id: str, interval: float) -> bool:
         """Take a shared chore if it is due (one worker wins); False when not due."""

@@ -288,3 +288,26 @@ RETURNING name
 -- record_chore --
 -- What the chore's last run did (shown to operators).
 UPDATE {maintenance} SET last_result = %(result)s WHERE name = %(name)s
+
+-- job_steps --
+-- The memoized steps of a job: a new attempt returns these results instead of running them.
+SELECT name, result FROM {step} WHERE job_id = %(job_id)s
+
+-- step_attempt --
+-- Whether (and by which attempt) a step of this job is recorded.
+SELECT attempt FROM {step} WHERE job_id = %(job_id)s AND name = %(name)s
+
+-- forget_steps --
+-- An operator's "from this step": it and every step that started after it, or at the same
+-- instant, are forgotten; earlier ones stay memoized.
+DELETE FROM {step}
+WHERE job_id = %(job_id)s
+  AND started_at >= (SELECT started_at FROM {step} WHERE job_id = %(job_id)s AND name = %(from_step)s)
+
+-- delete_steps --
+-- The steps of jobs about to be deleted (retention).
+DELETE FROM {step} WHERE job_id IN {job_ids}
+
+-- move_steps --
+-- A replayed job's steps follow it to its new id.
+UPDATE {step} SET job_id = %(new_id)s WHERE job_id = %(job_id)s

@@ -87,3 +87,21 @@ SELECT reltuples::bigint AS n FROM pg_class WHERE oid = '{job}'::regclass
 -- next_job_id --
 -- A new receipt sequence for a job a replay moves to the end of its partition.
 SELECT nextval(pg_get_serial_sequence('{job}', 'id')) AS id
+
+-- record_step --
+-- A step's result, written fenced when its function returns (SPEC §7), in one statement: the
+-- row, and the job's has_steps flag so later attempts read the memo. Nothing when the lease is
+-- lost, or the step is already recorded (a retry whose first try landed). Its times are
+-- clock_timestamp(), not the transaction's now(): steps are ordered by when they started.
+WITH fenced AS (
+    SELECT id, attempt FROM {job} WHERE {fence}
+), flagged AS (
+    UPDATE {job} SET has_steps = TRUE
+    WHERE id IN (SELECT id FROM fenced) AND NOT has_steps
+)
+INSERT INTO {step} (job_id, name, attempt, started_at, finished_at, result)
+SELECT id, %(name)s, attempt, clock_timestamp() - %(took)s * interval '1 second',
+       clock_timestamp(), %(result)s::jsonb
+FROM fenced
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id

@@ -7,12 +7,13 @@ here is an error when the file is loaded, never a silent typo in production.
 
 from __future__ import annotations
 
-from ..models import Attempt, EventJob, Maintenance, Partition, PartitionState, Status
+from ..models import Attempt, EventJob, Maintenance, Partition, PartitionState, Status, Step
 
 JOB_TABLE = EventJob._meta.db_table
 PARTITION_TABLE = Partition._meta.db_table
 ATTEMPT_TABLE = Attempt._meta.db_table
 MAINTENANCE_TABLE = Maintenance._meta.db_table
+STEP_TABLE = Step._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
 
@@ -26,7 +27,8 @@ IDLE = PartitionState.IDLE.value
 
 #: The columns a claim returns (``ledger.ClaimedJob.from_row`` reads them by name).
 CLAIMED_COLUMNS = (
-    "id, event_id, event_type, app, payload, private_message, attempt, partition_key, lease_until"
+    "id, event_id, event_type, app, payload, private_message, attempt, partition_key, "
+    "lease_until, has_steps"
 )
 
 #: SPEC §3 Effects: once any effect started the job is never retried automatically.
@@ -53,6 +55,7 @@ SQL_NAMES: dict[str, str] = {
     "partition": PARTITION_TABLE,
     "attempt": ATTEMPT_TABLE,
     "maintenance": MAINTENANCE_TABLE,
+    "step": STEP_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)
     "queued": QUEUED,

@@ -142,6 +142,14 @@ class SqliteStore(SqlStore):
                 },
             )
 
+    def record_step(self, fence: Fence, *, name: str, result: str, took: float) -> bool:
+        params = {**fence_params(fence), "name": name, "result": result, "took": took}
+        with self.transaction():
+            if self.row("record_step", params) is None:
+                return False
+            self.execute("mark_has_steps", {"job_id": fence.job_id})
+        return True
+
     def finish_and_claim(
         self, fence: Fence, error_type: str, *, token: str, lease_seconds: float, limit: int
     ) -> tuple[str | None, list[Row]]:

@@ -114,3 +114,17 @@ LIMIT %(limit)s
 -- A new receipt sequence for a job a replay moves to the end of its partition. Differs from
 -- PostgreSQL: the AUTOINCREMENT counter lives in sqlite_sequence (never reusing an id).
 UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = '{job}' RETURNING seq AS id
+
+-- record_step --
+-- A step's result, written fenced when its function returns. Differs from PostgreSQL: SQLite
+-- has no data-modifying CTE, so mark_has_steps follows in the same transaction.
+INSERT INTO {step} (job_id, name, attempt, started_at, finished_at, result)
+SELECT id, %(name)s, attempt, feishu_inbox_now_plus(-%(took)s), now(), %(result)s
+FROM {job} WHERE {fence}
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id
+
+-- mark_has_steps --
+-- The job's has_steps flag, so later attempts read the memo. Only on SQLite (PostgreSQL sets
+-- it in record_step's one statement).
+UPDATE {job} SET has_steps = TRUE WHERE id = %(job_id)s AND NOT has_steps

@@ -24,10 +24,14 @@ log = logging.getLogger("feishu_inbox.operator")
 
 #: name → (help, the ledger call, the label in the admin history)
 OPERATOR_ACTIONS: dict[str, tuple[str, Callable[[list[int], dict[str, Any]], Outcome], str]] = {
-    "requeue": ("failed → queued (attempt 0).", lambda ids, o: ledger.requeue(ids), "Requeued"),
+    "requeue": (
+        "failed → queued (attempt 0).",
+        lambda ids, o: ledger.requeue(ids, from_step=o["from_step"]),
+        "Requeued",
+    ),
     "reconcile": (
         "Resolve unknown jobs: --applied or --not-applied.",
-        lambda ids, o: ledger.reconcile(ids, applied=bool(o["applied"])),
+        lambda ids, o: ledger.reconcile(ids, applied=bool(o["applied"]), from_step=o["from_step"]),
         "Reconciled",
     ),
     "discard": (
@@ -42,7 +46,7 @@ OPERATOR_ACTIONS: dict[str, tuple[str, Callable[[list[int], dict[str, Any]], Out
     ),
     "replay": (
         "completed → queued: run the event again (by id, or --event-type/--since/--error).",
-        lambda ids, o: ledger.replay(ids),
+        lambda ids, o: ledger.replay(ids, from_step=o["from_step"]),
         "Replayed",
     ),
 }
@@ -88,6 +92,13 @@ class Command(BaseCommand):
                 "(who did what, when); must exist.",
             )
             action.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
+            if name in ("requeue", "reconcile", "replay"):
+                action.add_argument(
+                    "--from-step",
+                    metavar="NAME",
+                    help="run again from this step: it and every step that started after it "
+                    "are forgotten; earlier ones stay memoized",
+                )
             if name == "reconcile":
                 how = action.add_mutually_exclusive_group(required=True)
                 how.add_argument(
