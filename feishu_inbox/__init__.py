@@ -6,6 +6,7 @@ from .errors import Cancelled, LeaseLost, Superseded
 from .feishu import CardAction, EventKeys, card_callback, event_keys
 from .handlers import Event, checkpoint, effect, handler
 from .retry import RetryAfter, RetryAt, RetryPolicy
+from .schedules import schedule
 from .steps import step
 
 __version__ = "0.1.0"
@@ -25,5 +26,6 @@ __all__ = [
     "effect",
     "event_keys",
     "handler",
+    "schedule",
     "step",
 ]

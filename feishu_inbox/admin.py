@@ -431,3 +431,6 @@ def dashboard_data() -> dict[str, Any]:
 
 
 __all__ = ["EventJobAdmin", "dashboard_data"]
+
+# The Schedules page registers itself beside the ledger (it reuses STATUS_COLOURS above).
+from . import schedule_admin  # noqa: E402, F401

@@ -17,6 +17,7 @@ class FeishuInboxConfig(AppConfig):
         )
         from .conf import inbox_settings
         from .handlers import load_modules
+        from .schedules import load_settings as load_schedules
 
         # Handlers: a ``feishu_handlers`` module in any installed app, then the listed modules.
         autodiscover_modules("feishu_handlers")
@@ -25,3 +26,4 @@ class FeishuInboxConfig(AppConfig):
         except Exception:
             modules = []
         load_modules(modules)
+        load_schedules()  # FEISHU_INBOX["SCHEDULES"], after the handler modules

@@ -159,3 +159,18 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     return messages
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .schedules import problems
+
+    return [
+        Error(
+            problem,
+            hint="Fix the declaration (@feishu_inbox.schedule or FEISHU_INBOX['SCHEDULES']); "
+            "see the README's Schedules section.",
+            id="feishu_inbox.E004",
+        )
+        for problem in problems()
+    ]

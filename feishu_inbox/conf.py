@@ -54,6 +54,9 @@ class InboxSettings:
     REPLAY_WINDOW_SECONDS: float | None = 300.0
     #: Time a card action callback may take before the webhook answers ``{}`` without it.
     CARD_CALLBACK_BUDGET_SECONDS: float = 2.5
+    #: Schedules whose target is named by dotted path: name -> {"cron", "handler", "tz",
+    #: "catch_up", "max_catch_up", "partition"}; checked by ``schedules`` (E004).
+    SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> list[str]:
         """Every problem with these values, as sentences (empty when valid)."""

@@ -33,11 +33,20 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "An operation was called with arguments it cannot take (every problem is named).",
         "Fix the call; nothing was stored or changed.",
     ),
+    "schedule_configuration": (
+        "A schedule declaration is invalid (its cron, time zone, catch-up policy or target).",
+        "Fix each declaration (@feishu_inbox.schedule or FEISHU_INBOX['SCHEDULES']); "
+        "`python manage.py check` lists them (feishu_inbox.E004).",
+    ),
     # jobs and operators
     "not_found": (
         "There is no job with this id.",
         "Check the id (`python manage.py inbox list`); completed jobs are purged after "
         "COMPLETED_RETENTION.",
+    ),
+    "schedule_not_found": (
+        "No schedule of this name is declared.",
+        "Check the name: `python manage.py inbox schedules` lists the declared schedules.",
     ),
     "invalid_state": (
         "The job is not in a state this action applies to.",
@@ -174,6 +183,10 @@ class ConfigurationError(InboxError):
     code = "configuration"
 
 
+class ScheduleConfigurationError(ConfigurationError):
+    code = "schedule_configuration"
+
+
 class LedgerError(InboxError):
     """A ledger operation was refused; nothing changed. Its arguments were wrong, unless a
     subclass says otherwise."""
@@ -183,6 +196,10 @@ class LedgerError(InboxError):
 
 class JobNotFound(LedgerError):
     code = "not_found"
+
+
+class ScheduleNotFound(LedgerError):
+    code = "schedule_not_found"
 
 
 class InvalidState(LedgerError):

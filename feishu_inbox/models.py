@@ -6,6 +6,7 @@
 ``Attempt``    one row per ended attempt: the history an operator reads in admin.
 ``Step``       one row per memoized step of a job (SPEC §7).
 ``Maintenance``  chores the workers share (the retention purge), one row each.
+``Schedule``   one row per declared schedule: its watermark and whether it is paused.
 
 State changes happen only through ``ledger.py`` (its SQL lives in ``store/``).
 """
@@ -295,3 +296,33 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
     if payload:
         data["payload"] = job.payload
     return data
+
+
+class Schedule(models.Model):
+    """The ledger's memory of one declared schedule (SPEC §8; ``schedules.py`` declares them).
+
+    ``watermark`` is the last occurrence enqueued, or skipped by the catch-up policy (at first,
+    the second the schedule was first seen): every occurrence up to it is done, every later one
+    is pending. Workers move it forward only, by compare-and-set, in the transaction that
+    enqueues the occurrences (``scheduler.tick``).
+    """
+
+    name = models.CharField(max_length=64, primary_key=True)
+    watermark = models.DateTimeField()
+    paused = models.BooleanField(default=False)
+    #: When the last job of this schedule was enqueued (an occurrence, a catch-up or run now).
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    #: That job (no foreign key: completed jobs are purged by retention, the row stays).
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [
+            ("pause_schedule", "Can pause schedules"),
+            ("resume_schedule", "Can resume schedules"),
+            ("run_schedule", "Can run a schedule now"),
+        ]
+
+    def __str__(self) -> str:
+        return f"schedule {self.name}" + (" (paused)" if self.paused else "")

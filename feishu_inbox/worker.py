@@ -10,7 +10,9 @@ Threads:
   marks the job lost and frees its slot;
 - a listener thread waits for the database's wake-ups (PostgreSQL: LISTEN on its own
   connection); on SQLite it ends at once and the main thread polls;
-- a maintenance thread runs the shared retention purge when it is this worker's turn.
+- a maintenance thread runs the shared retention purge when it is this worker's turn;
+- a schedules thread ticks the declared schedules: it sleeps until the next occurrence of any
+  of them (or a pause/resume notification), then enqueues what is due (``scheduler.tick``).
 
 When the database blinks, every write about a job is tried again (``handlers.write``) while
 its lease lasts, and claims come back after a backoff of at most a second (SPEC §6).
@@ -38,12 +40,13 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger, retention
+from . import handlers, ledger, retention, scheduler, schedules
 from .conf import checked_settings
 from .errors import Cancelled, InvalidState, LeaseLost, Superseded
 from .retry import RetryAt
 from .stats import database_now, seconds_until_wakeup
 from .store import store
+from .store.schema import SCHEDULES_NOTICE
 
 log = logging.getLogger("feishu_inbox.worker")
 
@@ -58,6 +61,9 @@ CLAIM_RETRY_FIRST_DELAY = 0.1
 #: How often, at most, a worker asks whether the shared retention purge is due (it runs once
 #: per PURGE_INTERVAL across all workers).
 MAINTENANCE_TICK = 30.0
+#: The schedules thread wakes this long after an occurrence, so the database's clock has
+#: surely reached it (the sleep is measured on this host's clock).
+SCHEDULE_WAKE_SLACK = 0.005
 
 
 _checked = threading.local()
@@ -197,6 +203,7 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         conf = checked_settings()
         handlers.validate()
+        schedules.validate()
         if options.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.options = options
@@ -208,6 +215,7 @@ class Worker:
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
         self._check_now = threading.Event()  # a NOTIFY named a running job's chat
+        self._schedules_changed = threading.Event()  # a schedule was paused or resumed
         self._warned_no_handler: set[str] = set()
         self._slots = _Slots(self._wake)
         self._pool = _Pool()
@@ -228,6 +236,7 @@ class Worker:
             ("feishu-heartbeat", self._heartbeat),
             ("feishu-listen", self._listen),
             ("feishu-maintenance", self._maintenance),
+            ("feishu-schedules", self._schedules),
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
         log.info(
@@ -244,6 +253,7 @@ class Worker:
             self._done.set()
             self._wake.set()
             self._check_now.set()
+            self._schedules_changed.set()
             self._restore_signals(previous)
             connections.close_all()
         log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
@@ -541,7 +551,11 @@ class Worker:
 
     def _notified(self, partition_key: str) -> None:
         """A NOTIFY: a head became claimable, or a job of one of our chats was cancelled or
-        may be superseded (an operator's action and a private message also notify)."""
+        may be superseded (an operator's action and a private message also notify), or a
+        schedule was paused, resumed or edited."""
+        if partition_key == SCHEDULES_NOTICE:
+            self._schedules_changed.set()
+            return
         self._wake.set()
         if any(ctx.event.partition_key.startswith(partition_key) for ctx in self._slots.held()):
             self._check_now.set()
@@ -562,6 +576,46 @@ class Worker:
                 log.warning("retention purge failed (%s); trying again later", exc)
                 handlers.drop_connection()
         connections.close_all()
+
+    def _schedules(self) -> None:
+        """Tick the schedules at each occurrence. Every worker does (no leader): the
+        watermark's compare-and-set lets exactly one of them enqueue an occurrence."""
+        if not schedules.declared():
+            return
+        while not (self._stop.is_set() or self._done.is_set()):
+            timeout = self._tick_schedules()
+            self._schedules_changed.wait(timeout)
+            self._schedules_changed.clear()
+        connections.close_all()
+
+    def _tick_schedules(self) -> float:
+        """One tick; returns how long to sleep: until the next occurrence, or until it is time
+        to look at the schedules' paused state again (as long as the main loop sleeps)."""
+        longest = LISTEN_MAX_SLEEP if self._listening else self.poll_interval
+        try:
+            _check_connection()
+            ticked = scheduler.tick(worker_id=self.worker_id)
+        except DatabaseError as exc:
+            log.warning("schedule tick failed (%s); trying again in a second", exc)
+            handlers.drop_connection()
+            return min(longest, 1.0)
+        except Exception:  # a bug must not end the thread: log it, try again later
+            log.exception("schedule tick failed")
+            return longest
+        log.debug(
+            "schedules ticked at %s: enqueued %s, enqueued first by another worker %s, next %s",
+            ticked.now.isoformat(),
+            [f.name for f in ticked.fired] or "none",
+            ticked.lost or "none",
+            ticked.next_at.isoformat() if ticked.next_at else "none",
+        )
+        if ticked.fired:
+            self._wake.set()  # claim them now (SQLite has no NOTIFY)
+        until = ticked.seconds_until_next()
+        if until is None:
+            return longest
+        # Due now (run-all catching up, or another worker moved first): tick again at once.
+        return min(longest, max(0.0, until) + SCHEDULE_WAKE_SLACK)
 
     # --- shutdown ----------------------------------------------------------------------------
 
@@ -590,9 +644,10 @@ class Worker:
         self.stop()
 
     def stop(self) -> None:
-        """Stop claiming; ``run`` then drains and returns."""
+        """Stop claiming (and ticking schedules); ``run`` then drains and returns."""
         self._stop.set()
         self._wake.set()
+        self._schedules_changed.set()
 
     def _drain(self) -> None:
         # A natural end (--burst, --max-jobs) waits for running handlers however long they

@@ -44,6 +44,18 @@ def close_thread_connections() -> Iterator[None]:
 
 
 @pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Schedules (and their handlers) declared by a test are forgotten after it."""
+    from feishu_inbox import handlers, schedules
+
+    monkeypatch.setattr(schedules, "_declared", {})
+    monkeypatch.setattr(schedules, "_problems", [])
+    monkeypatch.setattr(handlers, "_registry", {k: list(v) for k, v in handlers._registry.items()})
+    monkeypatch.setattr(handlers, "_problems", list(handlers._problems))
+    yield
+
+
+@pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
     w = Workers(tmp_path)
     try:

@@ -175,3 +175,44 @@ def test_replay_without_ids_or_filters_is_refused_with_its_code() -> None:
         inbox("replay", "--since", "yesterday-ish")
     with pytest.raises(CommandError, match=r"^\[not_found\] There is no job 4242"):
         inbox("show", "4242")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("registry")
+def test_schedules_list_pause_resume_run_now_with_the_user_recorded() -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import User
+
+    from .schedule_helpers import declare
+
+    User.objects.create_user("oncall")
+    declare("digest", "0 9 * * 1-5", tz="Asia/Shanghai")
+    (listed,) = json.loads(inbox("schedules", "--json"))
+    assert (listed["name"], listed["description"], listed["paused"]) == (
+        "digest",
+        "At 09:00 on Monday through Friday",
+        False,
+    )
+    assert listed["next_occurrence_local"].endswith("T09:00:00+08:00")
+    assert "digest" in inbox("schedules") and "no job yet" in inbox("schedules")
+
+    assert "schedule digest: pause schedule" in inbox("schedules", "pause", "digest")
+    err = StringIO()
+    with pytest.raises(CommandError, match="2 of 2 schedules refused"):
+        call_command(
+            "inbox", "schedules", "pause", "digest", "ghost", stdout=StringIO(), stderr=err
+        )
+    assert "schedule digest: refused: Cannot pause schedule 'digest': it is already paused" in (
+        err.getvalue()
+    )
+    assert "schedule ghost: refused:" in err.getvalue()
+    inbox("schedules", "resume", "digest", "--user", "oncall")
+    out = inbox("schedules", "run-now", "digest", "--user", "oncall")
+    job = EventJob.objects.get(event_type="schedule.digest")
+    assert f"schedule digest: run now: job {job.pk}" in out
+    assert job.payload["requested_by"] == "oncall"
+    assert [e.get_change_message() for e in LogEntry.objects.order_by("id")] == [
+        "Resume schedule (manage.py inbox)",
+        "Run now (manage.py inbox)",
+    ]
+    assert json.loads(inbox("schedules", "--json"))[0]["last_job_status"] == "queued"

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .queries import Query, load
-from .schema import COMPLETED
+from .schema import COMPLETED, SCHEDULES_NOTICE
 
 #: A row read by a named query: column name → value.
 Row = dict[str, Any]
@@ -394,6 +394,44 @@ class SqlStore:
 
     def blocked_and_running_partitions(self) -> dict[str, int]:
         return {r["head_state"]: int(r["n"]) for r in self.rows("blocked_and_running_partitions")}
+
+    # --- schedules (SPEC §8; their rules are in scheduler.py) -------------------------------
+
+    def schedule_states(self, names: list[str], now: datetime) -> list[Row]:
+        """The rows of these schedules; one missing is created first, its watermark ``now``."""
+        found = self.rows("schedule_states", {"keys": names})
+        missing = sorted(set(names) - {r["name"] for r in found})
+        if missing:
+            with self.write():
+                for name in missing:
+                    self.execute("ensure_schedule", {"name": name, "now": now})
+            found = self.rows("schedule_states", {"keys": names})
+        return [
+            {
+                **r,
+                "watermark": aware(r["watermark"]),
+                "last_fired_at": aware(r["last_fired_at"]),
+                "paused": bool(r["paused"]),
+            }
+            for r in found
+        ]
+
+    def advance_schedule(self, name: str, *, old: datetime, new: datetime, now: datetime) -> bool:
+        """Move the watermark from ``old`` to ``new`` (compare-and-set); call it inside
+        ``transaction()``, before enqueueing the occurrences up to ``new``."""
+        params = {"name": name, "old": old, "new": new, "now": now}
+        return self.row("advance_schedule", params) is not None
+
+    def record_schedule_job(self, name: str, job_id: int, now: datetime) -> None:
+        self.execute("record_schedule_job", {"name": name, "job_id": job_id, "now": now})
+
+    def set_schedule_paused(self, name: str, paused: bool) -> bool:
+        """Pause or resume; False when it already was. Wakes the workers' schedule ticks."""
+        with self.write():
+            changed = self.row("set_schedule_paused", {"name": name, "paused": paused})
+            if changed is not None:
+                self.notify(SCHEDULES_NOTICE)
+        return changed is not None
 
 
 @contextmanager

@@ -311,3 +311,39 @@ DELETE FROM {step} WHERE job_id IN {job_ids}
 -- move_steps --
 -- A replayed job's steps follow it to its new id.
 UPDATE {step} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
+
+-- ensure_schedule --
+-- The row of a declared schedule, created the first time anything looks at it. Its watermark
+-- starts at %(now)s (a whole second): a schedule never catches up on occurrences from before it
+-- was first seen.
+INSERT INTO {schedule} (name, watermark, paused, last_fired_at, last_job_id, created_at)
+VALUES (%(name)s, %(now)s, FALSE, NULL, NULL, %(now)s)
+ON CONFLICT (name) DO NOTHING
+
+-- schedule_states --
+-- The watermark, paused flag and last job of these schedules (a tick, the admin, the CLI).
+SELECT name, watermark, paused, last_fired_at, last_job_id FROM {schedule}
+WHERE name IN {keys}
+
+-- advance_schedule --
+-- Compare-and-set of a schedule's watermark, from the value this worker read to the last
+-- occurrence it is about to enqueue in the same transaction. Of the workers that read one
+-- watermark exactly one matches (PostgreSQL: the others wait on the row lock, then find the
+-- watermark moved; SQLite: one writer at a time); the rest enqueue nothing. Never backwards,
+-- never while paused.
+UPDATE {schedule} SET watermark = %(new)s, last_fired_at = %(now)s
+WHERE name = %(name)s AND watermark = %(old)s AND %(new)s > watermark AND NOT paused
+RETURNING name
+
+-- record_schedule_job --
+-- The schedule's last job (shown to operators with its state), in the transaction that
+-- enqueued it.
+UPDATE {schedule} SET last_job_id = %(job_id)s, last_fired_at = %(now)s
+WHERE name = %(name)s
+
+-- set_schedule_paused --
+-- Pause or resume a schedule; nothing when it already is. The watermark stays where it was,
+-- so a resumed schedule meets its missed occurrences and its catch-up policy decides.
+UPDATE {schedule} SET paused = %(paused)s
+WHERE name = %(name)s AND paused <> %(paused)s
+RETURNING name

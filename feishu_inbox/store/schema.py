@@ -7,15 +7,29 @@ here is an error when the file is loaded, never a silent typo in production.
 
 from __future__ import annotations
 
-from ..models import Attempt, EventJob, Maintenance, Partition, PartitionState, Status, Step
+from ..models import (
+    Attempt,
+    EventJob,
+    Maintenance,
+    Partition,
+    PartitionState,
+    Schedule,
+    Status,
+    Step,
+)
 
 JOB_TABLE = EventJob._meta.db_table
 PARTITION_TABLE = Partition._meta.db_table
 ATTEMPT_TABLE = Attempt._meta.db_table
 MAINTENANCE_TABLE = Maintenance._meta.db_table
 STEP_TABLE = Step._meta.db_table
+SCHEDULE_TABLE = Schedule._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
+#: The NOTIFY payload saying a schedule was paused or resumed: workers look at their schedules
+#: again at once. (Other payloads are partition keys, which the webhook's always give with a
+#: colon; a site's own key spelled like this would only cost the workers one extra look.)
+SCHEDULES_NOTICE = "feishu_inbox.schedules"
 
 QUEUED = Status.QUEUED.value
 RUNNING = Status.RUNNING.value
@@ -56,6 +70,7 @@ SQL_NAMES: dict[str, str] = {
     "attempt": ATTEMPT_TABLE,
     "maintenance": MAINTENANCE_TABLE,
     "step": STEP_TABLE,
+    "schedule": SCHEDULE_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)
     "queued": QUEUED,

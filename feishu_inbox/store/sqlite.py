@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..errors import LedgerError
@@ -41,6 +41,14 @@ def _clock(offset_seconds: float | None = 0.0) -> str:
     """UTC now (+ offset) in the text form Django stores datetimes in on SQLite."""
     when = datetime.now(timezone.utc) + timedelta(seconds=offset_seconds or 0)
     return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+
+
+def _adapt(value: Any) -> Any:
+    if isinstance(value, list):
+        return json.dumps(value)
+    if isinstance(value, datetime):
+        return connection.ops.adapt_datetimefield_value(value)
+    return value
 
 
 class SqliteStore(SqlStore):
@@ -75,8 +83,9 @@ class SqliteStore(SqlStore):
         return _serialized()
 
     def adapt(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        # A list parameter is read with json_each() (SQLite binds no arrays).
-        return {k: json.dumps(v) if isinstance(v, list) else v for k, v in params.items()}
+        # A list parameter is read with json_each() (SQLite binds no arrays); a datetime is
+        # sent as the text Django's ORM stores, so a value read back compares equal to it.
+        return {k: _adapt(v) for k, v in params.items()}
 
     def enqueue(self, job: dict[str, Any]) -> Row:
         with self.transaction():
