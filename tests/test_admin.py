@@ -277,7 +277,8 @@ def test_detail_page_renders_a_payload_of_any_depth(operator: Client) -> None:
     EventJob.objects.filter(pk=job.pk).update(payload=Cast(Value(deep), JSONField()))
     response = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
     assert response.status_code == 200
-    assert "[[[[[[[[" in response.content.decode()
+    # Indented (Python 3.13 encodes this deep) or as stored (older ones hit recursion limits).
+    assert response.content.decode().count("[") >= 950
 
 
 @pytest.mark.parametrize(
