@@ -40,7 +40,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger, retention, scheduler, schedules
+from . import handlers, ledger, openapi, retention, scheduler, schedules
 from .conf import checked_settings
 from .errors import Cancelled, InvalidState, LeaseLost, Superseded
 from .retry import RetryAt
@@ -232,6 +232,8 @@ class Worker:
 
     def run(self) -> int:
         previous = self._install_signals()
+        if openapi.warm_up():  # seconds of imports, before any lease runs
+            log.info("worker %s: Feishu SDK loaded for %s", self.worker_id, openapi.sending_apps())
         for name, target in (
             ("feishu-heartbeat", self._heartbeat),
             ("feishu-listen", self._listen),
