@@ -272,3 +272,21 @@ def test_two_idempotent_effects_of_one_name_in_one_attempt_are_refused() -> None
         with pytest.raises(DuplicateEffect), feishu_inbox.effect("reply", idempotent_for=HOUR):
             pytest.fail("the effect must not start")
     assert snapshot(job.pk) == before
+
+
+# --- admin -------------------------------------------------------------------------------------
+
+
+def test_the_job_page_shows_the_key_and_the_window(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    job = EventJobFactory()
+    first = claim_one()
+    key = begin(first)
+    ledger.fail(first.lease, error_type="ConnectionError", retry_in=30)
+    page = admin_client.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
+    text = page.content.decode()
+    assert f"key {key}, window 1:00:00" in text and "re-sends it with this key" in text
+    past_window(job.pk)
+    text = admin_client.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
+    assert "its window (less the margin) closed" in text.content.decode()

@@ -131,3 +131,31 @@ def test_past_the_window_a_crash_inside_the_reply_ends_unknown(
     job = EventJob.objects.get(pk=job_id)
     assert (job.status, job.error_type) == ("unknown", "LeaseExpiredAfterSideEffect")
     assert len(fake.messages) == 1 and len(fake.requests) == 1  # never re-sent
+
+
+def test_the_demo_bot_replies_through_feishu_when_it_has_credentials(
+    workers: Workers, fake: FakeFeishu
+) -> None:
+    from project.demo.models import Reply
+
+    fake.add_inbound("om_demo", "oc_demo")
+    ledger.enqueue(
+        event_id="ev-demo",
+        event_type="im.message.receive_v1",
+        partition_key="default:chat:oc_demo",
+        payload={
+            "event": {
+                "message": {
+                    "message_id": "om_demo",
+                    "chat_id": "oc_demo",
+                    "content": json.dumps({"text": "ping"}),
+                }
+            }
+        },
+    )
+    proc = workers.start("--burst", **worker_env(fake))
+    assert proc.wait(60) == 0, workers.stderr(proc)
+    assert [json.loads(m.content)["text"] for m in fake.messages] == ["You said: ping"]
+    assert fake.messages[0].parent_id == "om_demo"
+    assert not Reply.objects.exists()  # the rows are for a bot without credentials
+    assert EventJob.objects.get(event_id="ev-demo").status == "completed"
