@@ -21,9 +21,9 @@ from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
-from django.utils import timezone
 from django.utils.timesince import timesince
 
 from . import handlers

@@ -4,10 +4,13 @@ with the same key; past it the job is unknown, as any effect."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 import feishu_inbox
@@ -229,6 +232,19 @@ def test_a_final_failure_after_a_settled_idempotent_effect_is_failed() -> None:
     assert row(settled.pk).attempt == 1 and row(uncertain.pk).status == "unknown"
 
 
+@pytest.mark.django_db(transaction=True)  # attempts in their own transactions (and clocks)
+def test_a_refusal_of_a_resent_key_ends_unknown() -> None:
+    job = EventJobFactory()
+    first = claim_one()
+    begin(first)  # applied, then the connection dropped?
+    assert ledger.fail(first.lease, error_type="ConnectionError", retry_in=0) == "retry_wait"
+    make_due(job.pk)
+    second = claim_one()
+    with InHandler(second), feishu_inbox.effect("reply", idempotent_for=HOUR):
+        pass  # Feishu refused the re-send: that says nothing about the first try
+    assert ledger.fail(second.lease, error_type="FeishuBusinessError", final=True) == "unknown"
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
@@ -290,3 +306,34 @@ def test_the_job_page_shows_the_key_and_the_window(admin_client: Any) -> None:
     past_window(job.pk)
     text = admin_client.get(reverse("admin:feishu_inbox_eventjob_change", args=[job.pk]))
     assert "its window (less the margin) closed" in text.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)  # the async form writes from another thread
+def test_the_async_form_yields_the_same_key() -> None:
+    EventJobFactory()
+    claimed = claim_one()
+
+    async def handler() -> list[str]:
+        # One database thread, whose connection is closed at the end, as a worker would.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        found = []
+        try:
+            async with feishu_inbox.effect("reply", idempotent_for=HOUR) as key:
+                found.append(key)
+            async with feishu_inbox.effect() as plain:
+                found.append(plain)
+        finally:
+            await asyncio.to_thread(connections.close_all)
+        return found
+
+    with InHandler(claimed) as ctx:
+        key, plain = asyncio.run(handler())
+        assert key == effect_key(
+            job_id=claimed.id,
+            app="default",
+            event_id=ctx.event.event_id,
+            generation=0,
+            name="reply",
+        )
+        assert plain != key
+    assert ledger.finish(claimed.lease) == "completed"

@@ -57,9 +57,11 @@ def status_after(*, retry_at: str, spent: str = ATTEMPTS_SPENT, final: str = "FA
     """Where an attempt that failed (or whose lease expired) leaves its job (SPEC §3 Fail,
     Lease expiry), as a CASE over the job's row as it was:
 
-    - ``final`` (the handler said retrying cannot help, e.g. Feishu refused the request) and
-      every effect it started is idempotent and settled (none in flight or uncertain) →
-      failed;
+    - ``final`` (the handler said retrying cannot help, e.g. Feishu refused the request),
+      every effect it started is idempotent and settled (none in flight or uncertain), and
+      none was first started by an earlier attempt → failed. (A refusal of a re-sent key
+      proves nothing about the first try, and what Feishu answers a repeated uuid is not
+      documented: that job is unknown.)
     - an effect started, and the job will not run again within its idempotency window
       (``idempotent_until`` after ``retry_at``, the time it would run again), or will not run
       again at all (final, cancelled, attempts spent) → unknown;
@@ -67,7 +69,10 @@ def status_after(*, retry_at: str, spent: str = ATTEMPTS_SPENT, final: str = "FA
 
     Without an idempotent effect this is the rule of old: any effect started → unknown.
     """
-    every_idempotent = "(NOT side_effect_started OR idempotent_until IS NOT NULL)"
+    every_idempotent = (
+        "(NOT side_effect_started OR (idempotent_until IS NOT NULL "
+        "AND NOT COALESCE(idempotent_since < claimed_at, FALSE)))"
+    )
     inside_window = f"COALESCE(idempotent_until > {retry_at}, FALSE)"
     return (
         f"CASE WHEN {final} AND NOT cancel_requested AND NOT {EFFECT_OPEN} "
