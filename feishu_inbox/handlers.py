@@ -8,6 +8,7 @@
         feishu_inbox.checkpoint()              # stop here if a newer direct message waits
         with feishu_inbox.effect():            # persisted before the call starts
             send_reply(answer)                 # never repeated automatically after this line
+        feishu_inbox.reply(event, answer)      # an idempotent effect: re-sent, same uuid
 
 Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
 and by ``FEISHU_INBOX["HANDLER_MODULES"]``.

@@ -112,7 +112,7 @@ def test_past_the_window_a_crash_inside_the_reply_ends_unknown(
     workers: Workers, fake: FakeFeishu
 ) -> None:
     # The reply is created, then the answer hangs: the worker dies inside the effect.
-    fake.fail_next(Fault("slow_after_apply", delay=30))
+    fake.fail_next(Fault("slow_after_apply", delay=15))
     job_id = enqueue_message(fake, 1, "oc_chat", window=3, margin=1)
     env = worker_env(fake)
     proc = workers.start("--lease-seconds", "2", **env)
