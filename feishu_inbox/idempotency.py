@@ -67,7 +67,7 @@ class Idempotent:
                 f"idempotent_for is {window}, longer than the remote side's window of {longest}"
             )
         if margin is None and isinstance(window, timedelta):
-            margin = min(LONGEST_DEFAULT_MARGIN, window / 10)
+            margin = default_margin(window)
         if not isinstance(margin, timedelta) or margin < timedelta(0):
             problems.append(f"margin must be a timedelta >= 0 (got {margin!r})")
         elif isinstance(window, timedelta) and margin >= window:
@@ -80,6 +80,11 @@ class Idempotent:
         assert isinstance(name, str) and isinstance(window, timedelta)
         assert isinstance(margin, timedelta)
         return cls(name, window, margin)
+
+
+def default_margin(window: timedelta) -> timedelta:
+    """A tenth of the window, at most five minutes."""
+    return min(LONGEST_DEFAULT_MARGIN, window / 10)
 
 
 def window_params(idempotent: Idempotent | None) -> dict[str, Any]:

@@ -27,11 +27,16 @@ from typing import TYPE_CHECKING, Any
 from . import openapi
 from .errors import FeishuBusinessError, FeishuRateLimited, InvalidMessage
 from .handlers import Event, effect
-from .idempotency import FEISHU_UUID_WINDOW
+from .idempotency import FEISHU_UUID_WINDOW, default_margin
 from .retry import RetryAt
 
 if TYPE_CHECKING:
     import lark_oapi
+
+#: The longest one try can take from the effect's start until its request reaches Feishu: a
+#: token fetch, then the request, each within the client's timeout. The margin is at least
+#: this, so a re-send that starts inside the window arrives inside it.
+SLOWEST_TRY = timedelta(seconds=2 * openapi.REQUEST_TIMEOUT)
 
 
 def reply(
@@ -108,6 +113,8 @@ def _idempotent(
     call: Callable[[str], str],
 ) -> str:
     openapi.credentials(app)  # no credentials: ConfigurationError, before any effect
+    if margin is None and isinstance(window, timedelta):
+        margin = max(default_margin(window), SLOWEST_TRY)
     refused: FeishuBusinessError | InvalidMessage | None = None
     message_id = ""
     with effect(name, idempotent_for=window, margin=margin, longest=FEISHU_UUID_WINDOW) as key:

@@ -133,6 +133,9 @@ def test_bad_arguments_send_nothing_and_change_nothing(fake_feishu: FakeFeishu) 
     with InHandler(claimed):
         with pytest.raises(LedgerError, match="longer than the remote side's window"):
             feishu_inbox.reply(event_of(claimed), "hi", idempotent_for=timedelta(hours=2))
+        with pytest.raises(LedgerError, match="must be shorter than the window"):
+            # Under 20 s a try (a token fetch and the request) could outlast the window.
+            feishu_inbox.reply(event_of(claimed), "hi", idempotent_for=timedelta(seconds=15))
         with pytest.raises(ConfigurationError):
             feishu_inbox.send("nobody", "oc_1", "hi")
     with InHandler(other), pytest.raises(InvalidMessage, match="no message to reply to"):
