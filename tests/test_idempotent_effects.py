@@ -337,3 +337,16 @@ def test_the_async_form_yields_the_same_key() -> None:
         )
         assert plain != key
     assert ledger.finish(claimed.lease) == "completed"
+
+
+def test_an_effect_costs_two_statements_with_or_without_a_key(
+    django_assert_num_queries: Any,
+) -> None:
+    EventJobFactory()
+    claimed = claim_one()
+    with InHandler(claimed):
+        with django_assert_num_queries(2), feishu_inbox.effect():  # begin, end: as before
+            pass
+        with django_assert_num_queries(2), feishu_inbox.effect("reply", idempotent_for=HOUR):
+            pass
+    assert ledger.finish(claimed.lease) == "completed"
