@@ -15,7 +15,13 @@ from django.utils import timezone
 
 import feishu_inbox
 from feishu_inbox import ledger
-from feishu_inbox.errors import DuplicateEffect, IdempotencyWindowPassed, LeaseLost, LedgerError
+from feishu_inbox.errors import (
+    DuplicateEffect,
+    IdempotencyWindowPassed,
+    InvalidState,
+    LeaseLost,
+    LedgerError,
+)
 from feishu_inbox.idempotency import KEY_MAX_LENGTH, effect_key
 from feishu_inbox.models import Attempt, EventJob
 
@@ -350,3 +356,25 @@ def test_an_effect_costs_two_statements_with_or_without_a_key(
         with django_assert_num_queries(2), feishu_inbox.effect("reply", idempotent_for=HOUR):
             pass
     assert ledger.finish(claimed.lease) == "completed"
+
+
+def test_a_retried_job_that_has_not_reissued_its_effect_can_be_handed_back() -> None:
+    job = EventJobFactory()
+    first = claim_one()
+    begin(first)
+    assert ledger.fail(first.lease, error_type="ConnectionError", retry_in=0) == "retry_wait"
+    make_due(job.pk)
+    second = claim_one()
+    assert ledger.hand_back(second.lease) == "retry_wait"  # shutting down: back at once
+    r = row(job.pk)
+    assert (r.attempt, r.side_effect_started, r.idempotent_until is not None) == (1, True, True)
+    third = claim_one()
+    with InHandler(third):
+        feishu_inbox.effect("reply", idempotent_for=HOUR).__enter__()  # in flight: stays
+    with pytest.raises(InvalidState):
+        ledger.hand_back(third.lease)
+    assert ledger.fail(third.lease, error_type="LeaseLost", retry_in=0) == "retry_wait"
+    make_due(job.pk)
+    past_window(job.pk)
+    with pytest.raises(InvalidState):  # past its window: its lease expires, it ends unknown
+        ledger.hand_back(claim_one().lease)

@@ -68,7 +68,9 @@ RETURNING id
 
 -- hand_back --
 -- Return a job that started no effect to the queue, due now, giving its attempt back (fenced);
--- one an operator cancelled meanwhile is completed instead.
+-- one an operator cancelled meanwhile is completed instead. A job whose every effect is
+-- idempotent, settled and inside its window (a retried job that has not re-issued it yet)
+-- may go back too: it re-issues them with the same keys.
 UPDATE {job} SET
     status = CASE WHEN cancel_requested THEN '{completed}'
                   WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
@@ -77,7 +79,7 @@ UPDATE {job} SET
     error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE 'HandedBack' END,
     error_message = 'The worker shut down.',
     lease_token = '', lease_until = NULL
-WHERE {fence} AND NOT {effect_started}
+WHERE {fence} AND NOT ({effect_started} AND NOT {reissuable_now})
 RETURNING status
 
 -- lease_state --

@@ -166,6 +166,11 @@ SQL_NAMES: dict[str, str] = {
     "error_after_fail": (
         f"CASE WHEN {STATUS_AFTER_FAIL} = '{COMPLETED}' THEN 'Cancelled' ELSE %(error_type)s END"
     ),
+    # Every effect the job started may be re-issued now: idempotent, none in flight or
+    # uncertain, inside the window (hand_back).
+    "reissuable_now": (
+        f"(NOT {EFFECT_OPEN} AND idempotent_until IS NOT NULL AND idempotent_until > now())"
+    ),
     # An effect begins (begin_effect): %(until_seconds)s is its window less the margin, NULL
     # for an effect without an idempotency key. The job's window is the earliest deadline of
     # its idempotent effects, counted from each one's first start; an effect without a key
