@@ -26,3 +26,18 @@ def three_steps(event: Event) -> None:
     """A no-op handler of three memoized steps: what a step costs the ledger."""
     for name in ("think", "draft", "polish"):
         feishu_inbox.step(name, str, name)
+
+
+@feishu_inbox.handler("bench.reply")
+def reply(event: Event) -> None:
+    """A reply through the Open API client, as an idempotent effect (the key as uuid)."""
+    feishu_inbox.reply(event, "ok")
+
+
+@feishu_inbox.handler("bench.reply_raw")
+def reply_raw(event: Event) -> None:
+    """The same request through the client alone, no effect: what the bookkeeping costs."""
+    from feishu_inbox import openapi
+
+    message_id = event.payload["event"]["message"]["message_id"]
+    openapi.reply_message(event.app, message_id, "ok", uuid=f"raw-{event.job_id}")

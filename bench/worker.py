@@ -4,12 +4,15 @@
 - a 3-step no-op handler at 1 x 1: what a memoized step costs (goal: one round trip each);
 - enqueue -> handler-start latency with an idle worker woken by NOTIFY (goal: p50 < 10 ms);
 - CPU of an idle worker over --idle-seconds (goal: < 1% of a core);
-- worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up).
+- worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up);
+- replies/s through the Open API client against the local fake of Feishu (tests/fake_feishu.py)
+  at 1 x 4, with ``feishu_inbox.reply`` (an idempotent effect) and with the bare client call:
+  the difference is the effect's bookkeeping per reply.
 
 The peers run from shared/peers (copied to /tmp, their own virtualenv and database).
 
     .venv/bin/python bench/worker.py [--jobs 10000] [--idle-seconds 30] [--memory-jobs 100000]
-                                     [--peers DIR | --no-peers]
+                                     [--replies 2000] [--peers DIR | --no-peers]
 """
 
 from __future__ import annotations
@@ -51,8 +54,29 @@ def fill(n: int, partitions: int, event_type: str = "bench.noop") -> None:
         cur.execute("ANALYZE")
 
 
+def fill_messages(n: int, partitions: int, event_type: str) -> None:
+    """Enqueue n message events (each with its own message id), in one statement."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'm' || g, %s, "
+            "'m' || g, 'chat-' || (g %% %s), false, "
+            "jsonb_build_object('event', jsonb_build_object('message', "
+            "jsonb_build_object('message_id', 'om_' || g))), NULL::integer) "
+            "FROM generate_series(1, %s) g) s",
+            [event_type, partitions, n],
+        )
+        cur.execute("ANALYZE")
+
+
 def throughput(
-    url: str, procs: int, concurrency: int, n: int, event_type: str = "bench.noop"
+    url: str,
+    procs: int,
+    concurrency: int,
+    n: int,
+    event_type: str = "bench.noop",
+    env: dict[str, str] | None = None,
 ) -> float:
     """Jobs/s over the database window from the first claim to the last finish."""
     from django.db import connection
@@ -62,7 +86,10 @@ def throughput(
             "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
             "feishu_inbox_partition"
         )
-    fill(n, 1000, event_type)
+    if event_type.startswith("bench.reply"):
+        fill_messages(n, 1000, event_type)
+    else:
+        fill(n, 1000, event_type)
     workers = [
         subprocess.Popen(
             [
@@ -76,7 +103,7 @@ def throughput(
                 "0",
             ],
             cwd=ROOT,
-            env=worker_env(url),
+            env=worker_env(url, **(env or {})),
         )
         for _ in range(procs)
     ]
@@ -90,6 +117,31 @@ def throughput(
         done, seconds = cur.fetchone()
     assert done == n, (done, n)
     return done / float(seconds)
+
+
+def replies(url: str, n: int) -> dict[str, float]:
+    """Replies/s at 1 x 4 through the client against the local fake: as idempotent effects
+    (``feishu_inbox.reply``) and as bare client calls; every reply created once."""
+    from tests.fake_feishu import FakeFeishu
+
+    with FakeFeishu(apps={"cli_bench": "bench-secret"}) as fake:
+        env = {"FEISHU_APP_ID": "cli_bench", "FEISHU_APP_SECRET": "bench-secret"}
+        env["FEISHU_DOMAIN"] = fake.url
+        effect = throughput(url, 1, 4, n, "bench.reply", env)
+        raw = throughput(url, 1, 4, n, "bench.reply_raw", env)
+        effect_c1 = throughput(url, 1, 1, n, "bench.reply", env)
+        raw_c1 = throughput(url, 1, 1, n, "bench.reply_raw", env)
+        counts = fake.counts()
+    assert counts["messages"] == 4 * n and counts.get("duplicate", 0) == 0, counts
+    return {
+        "replies_per_s": effect,
+        "raw_per_s": raw,
+        "replies_per_s_c1": effect_c1,
+        "raw_per_s_c1": raw_c1,
+        # One slot: what the effect adds to each reply's time (its two fenced statements).
+        "overhead_ms": 1000 / effect_c1 - 1000 / raw_c1,
+        "token_requests": counts["token_requests"],
+    }
 
 
 def start_idle_worker(url: str, **env: str) -> subprocess.Popen[bytes]:
@@ -270,11 +322,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--idle-seconds", type=float, default=30)
     parser.add_argument("--memory-jobs", type=int, default=100_000)
+    parser.add_argument("--replies", type=int, default=2_000)
+    parser.add_argument(
+        "--database", default="fi_bench_worker", help="the database to (re)create for the run"
+    )
     parser.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers")
     parser.add_argument("--no-peers", action="store_true")
     args = parser.parse_args()
 
-    url = fresh_postgres("fi_bench_worker")
+    url = fresh_postgres(args.database)
     django_setup(url)
     ours = {
         "c1": throughput(url, 1, 1, args.jobs),
@@ -282,6 +338,7 @@ def main() -> None:
         "2x4": throughput(url, 2, 4, args.jobs),
     }
     ours["steps_c1"] = throughput(url, 1, 1, args.jobs, "bench.steps")
+    sent = replies(url, args.replies) if args.replies else {}
     ours["p50_ms"], ours["p99_ms"] = latency(url, 500, 0.01)
     idle = idle_cpu(url, args.idle_seconds)
     warm, end, growth = memory(url, args.memory_jobs) if args.memory_jobs else (0, 0, 0.0)
@@ -321,6 +378,14 @@ def main() -> None:
         f"{per_step_ms:.2f} ms, a whole no-op job (one statement) takes {per_job_ms:.2f} ms: "
         f"a step costs {per_step_ms / per_job_ms:.2f} of it (goal: one round trip each, at most)"
     )
+    if sent:
+        print(
+            f"replies/s through the client against the local fake: 1 x 4 slots "
+            f"{sent['replies_per_s']:,.0f} as idempotent effects ({sent['raw_per_s']:,.0f} as bare "
+            f"client calls), 1 x 1 {sent['replies_per_s_c1']:,.0f} ({sent['raw_per_s_c1']:,.0f}): "
+            f"the effect's bookkeeping (two fenced statements) adds {sent['overhead_ms']:.2f} ms "
+            f"per reply; {sent['token_requests']} token request(s) for {4 * args.replies:,} replies"
+        )
     print(f"idle worker CPU over {args.idle_seconds:.0f} s: {idle:.2f}% of a core (goal < 1%)")
     if args.memory_jobs:
         print(
@@ -331,6 +396,7 @@ def main() -> None:
         json.dumps(
             {
                 "feishu_inbox": ours,
+                "replies": sent,
                 "peers": their,
                 "idle_cpu_percent": idle,
                 "rss_warm_kib": warm,

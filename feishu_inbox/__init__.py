@@ -5,6 +5,7 @@ from __future__ import annotations
 from .errors import Cancelled, LeaseLost, Superseded
 from .feishu import CardAction, EventKeys, card_callback, event_keys
 from .handlers import Event, checkpoint, effect, handler
+from .replies import client, reply, send
 from .retry import RetryAfter, RetryAt, RetryPolicy
 from .schedules import schedule
 from .steps import step
@@ -23,9 +24,12 @@ __all__ = [
     "Superseded",
     "card_callback",
     "checkpoint",
+    "client",
     "effect",
     "event_keys",
     "handler",
+    "reply",
     "schedule",
+    "send",
     "step",
 ]

@@ -9,6 +9,7 @@ confirmation page (Django's two-step ``delete_selected`` pattern).
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,6 +21,7 @@ from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
@@ -27,6 +29,7 @@ from django.utils.timesince import timesince
 from . import handlers
 from .admin_actions import ACTIONS, as_admin_action, page_context
 from .conf import inbox_settings
+from .idempotency import effect_key
 from .models import BLOCKING, Attempt, EventJob, Partition, Status, Step
 from .stats import dashboard
 
@@ -207,7 +210,15 @@ class EventJobAdmin(admin.ModelAdmin):
         ),
         (
             "Effects and lease",
-            {"fields": ["effect_state", "worker_id", "lease_until", "claimed_at"]},
+            {
+                "fields": [
+                    "effect_state",
+                    "idempotency",
+                    "worker_id",
+                    "lease_until",
+                    "claimed_at",
+                ]
+            },
         ),
         ("Partition", {"fields": ["partition_neighbours"]}),
         ("Payload", {"fields": ["pretty_payload"]}),
@@ -297,6 +308,31 @@ class EventJobAdmin(admin.ModelAdmin):
         if obj.side_effect_started:
             return "an effect started and finished"
         return "no effect started"
+
+    @admin.display(description="idempotent effect")
+    def idempotency(self, obj: EventJob) -> str:
+        """The key and window of the job's idempotent effect (SPEC §3 Effects), if it has one."""
+        if not obj.idempotent_effect or obj.idempotent_window is None:
+            return "none (an effect that fails or crashes makes the job unknown)"
+        key = effect_key(
+            job_id=obj.pk,
+            app=obj.app,
+            event_id=obj.event_id,
+            generation=obj.replays,
+            name=obj.idempotent_effect,
+        )
+        window = timedelta(seconds=round(obj.idempotent_window))
+        text = f"{obj.idempotent_effect!r}, key {key}, window {window}"
+        if obj.idempotent_since:
+            text += f", first started {obj.idempotent_since:%Y-%m-%d %H:%M:%S %Z}"
+        until = obj.idempotent_until
+        if until and until > timezone.now():
+            text += f"; a failure before {until:%Y-%m-%d %H:%M:%S %Z} re-sends it with this key"
+        elif until:
+            text += f"; its window (less the margin) closed at {until:%Y-%m-%d %H:%M:%S %Z}"
+        elif obj.side_effect_started:
+            text += "; an effect without a key also started: not re-issued automatically"
+        return text
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: EventJob) -> str:

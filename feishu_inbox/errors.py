@@ -70,6 +70,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "A handler ran two steps under one name in one attempt.",
         "Give each step of a handler its own name.",
     ),
+    "duplicate_effect": (
+        "A handler began two idempotent effects under one name in one attempt: they would "
+        "share a key, and the remote side would drop the second.",
+        "Give each idempotent effect of a handler its own name.",
+    ),
+    "idempotency_window_passed": (
+        "A retried job was about to re-issue an idempotent effect after its window (less the "
+        "margin): the remote side might no longer deduplicate it, so it was not started and "
+        "the job ends unknown.",
+        "Check whether the effect happened (for a reply: look in the chat), then reconcile.",
+    ),
     "lease_lost": (
         "The worker no longer holds the job: its lease expired or another worker took it.",
         "Stop working on it; lease expiry recovers it. If this happens often, raise LEASE_SECONDS.",
@@ -232,6 +243,18 @@ class DuplicateStep(LedgerError):
     code = "duplicate_step"
 
 
+class DuplicateEffect(LedgerError):
+    """Two idempotent effects of one name in one attempt (a bug in the handler)."""
+
+    code = "duplicate_effect"
+
+
+class IdempotencyWindowPassed(LedgerError):
+    """An idempotent effect was not started: the job's window has passed (it ends unknown)."""
+
+    code = "idempotency_window_passed"
+
+
 class LeaseLost(LedgerError):
     """The caller no longer holds the job: its lease expired, or another worker took it over.
 
@@ -267,6 +290,8 @@ class InvalidMessage(InboxError, ValueError):
 
     code = "invalid_argument"
     fix = "Fix the call; nothing was sent."
+    #: A job that raises it fails at once: running it again cannot help (worker.py).
+    final = True
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("Cannot send this message: " + "; ".join(problems) + ".", fix=self.fix)
@@ -344,6 +369,8 @@ class FeishuBusinessError(FeishuAPIError):
     Feishu's own words."""
 
     code = "feishu_business"
+    #: A job that raises it fails at once, with Feishu's code and message (worker.py).
+    final = True
     fix = (
         "Feishu's code and message say what it refused (the message, the app's permissions "
         "or credentials, the chat); fix that, then run the job again."

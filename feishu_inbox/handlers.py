@@ -8,6 +8,7 @@
         feishu_inbox.checkpoint()              # stop here if a newer direct message waits
         with feishu_inbox.effect():            # persisted before the call starts
             send_reply(answer)                 # never repeated automatically after this line
+        feishu_inbox.reply(event, answer)      # an idempotent effect: re-sent, same uuid
 
 Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
 and by ``FEISHU_INBOX["HANDLER_MODULES"]``.
@@ -24,13 +25,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from importlib import import_module
 from types import TracebackType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from .errors import Cancelled, ConfigurationError, LeaseLost, Superseded
+from .errors import (
+    Cancelled,
+    ConfigurationError,
+    DuplicateEffect,
+    IdempotencyWindowPassed,
+    LeaseLost,
+    LedgerError,
+    Superseded,
+)
+from .idempotency import Idempotent, effect_key
 from .retry import RetryPolicy, site_policy
 
 log = logging.getLogger("feishu_inbox.handlers")
@@ -172,6 +183,8 @@ class JobContext:
     has_steps: bool = False
     memo: dict[str, Any] | None = None
     steps_run: set[str] = field(default_factory=set)
+    #: The idempotent effects this attempt began (one key per name).
+    idempotent_names: set[str] = field(default_factory=set)
     on_lost: Callable[[JobContext], None] | None = None
 
     def lease_left(self) -> float:
@@ -274,11 +287,36 @@ class effect:
     Entering persists "an effect is in flight" before the action starts, and raises the
     lease-lost error instead if the job's lease is gone. Leaving normally records it done;
     leaving by an exception records it uncertain, and the job ends ``unknown``.
+
+    ``effect(name, idempotent_for=window)``: the remote side deduplicates by the key it yields
+    (``with effect("reply", idempotent_for=timedelta(hours=1)) as key:``), stable for this
+    job and name across attempts and workers. Then a failure, crash or lost lease within the
+    window (less ``margin``, see ``idempotency.py``) retries the job, which re-issues the
+    effect with the same key; past it the job ends ``unknown``. Every effect yields its key;
+    only one declared idempotent is trusted to be repeated.
     """
 
-    def __enter__(self) -> effect:
-        _begin_effect(current())
-        return self
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        idempotent_for: timedelta | None = None,
+        margin: timedelta | None = None,
+        longest: timedelta | None = None,
+    ) -> None:
+        if idempotent_for is None and margin is not None:
+            raise LedgerError("effect() was refused: a margin needs idempotent_for.")
+        if name is not None and (not isinstance(name, str) or not name or len(name) > 64):
+            raise LedgerError(f"effect() needs a name of 1 to 64 characters (got {name!r}).")
+        self.name = name or ""
+        self.idempotent = (
+            None
+            if idempotent_for is None
+            else Idempotent.of(name, idempotent_for, margin, longest=longest)
+        )
+
+    def __enter__(self) -> str:
+        return _begin_effect(current(), self)
 
     def __exit__(
         self,
@@ -288,9 +326,8 @@ class effect:
     ) -> None:
         _end_effect(current(), exc_type)
 
-    async def __aenter__(self) -> effect:
-        await _in_db_thread(_begin_effect, current())
-        return self
+    async def __aenter__(self) -> str:
+        return await asyncio.to_thread(in_db_thread, _begin_effect, current(), self)
 
     async def __aexit__(
         self,
@@ -301,28 +338,36 @@ class effect:
         await _in_db_thread(_end_effect, current(), exc_type)
 
 
-def _begin_effect(ctx: JobContext) -> None:
-    """Record the effect's start; refused (LeaseLost) once the lease is gone, and refused
-    (Superseded, Cancelled) when a newer private message waits or an operator cancelled the
-    job: then nothing started."""
+def _begin_effect(ctx: JobContext, scope: effect) -> str:
+    """Record the effect's start and return its key; refused (LeaseLost) once the lease is
+    gone, and refused (Superseded, Cancelled) when a newer private message waits or an
+    operator cancelled the job, (IdempotencyWindowPassed) when an idempotent effect would be
+    re-issued past the job's window: then nothing started."""
     from . import ledger
 
     ctx.ensure_alive()
+    idempotent = scope.idempotent
+    if idempotent is not None and idempotent.name in ctx.idempotent_names:
+        raise DuplicateEffect(
+            f"Job {ctx.event.job_id} already began an idempotent effect named "
+            f"{idempotent.name!r} in this attempt; a second would share its key."
+        )
     in_flight = ctx.effects_in_flight + 1
     retried = False
 
-    def begin(retrying: bool) -> None:
+    def begin(retrying: bool) -> int:
         nonlocal retried
         retried = retried or retrying
-        ledger.begin_effect(ctx.lease, in_flight=in_flight)
+        return ledger.begin_effect(ctx.lease, in_flight=in_flight, idempotent=idempotent)
 
     try:
-        write(ctx, "start an effect of", begin)
+        generation = write(ctx, "start an effect of", begin)
     except LeaseLost as lost:
         ctx.mark_lost(str(lost))
         raise
-    except (Superseded, Cancelled) as stop:
-        (ctx.cancelled if isinstance(stop, Cancelled) else ctx.interrupt).set()
+    except (Superseded, Cancelled, IdempotencyWindowPassed) as stop:
+        if not isinstance(stop, IdempotencyWindowPassed):
+            (ctx.cancelled if isinstance(stop, Cancelled) else ctx.interrupt).set()
         if retried:  # a first try may have landed before its reply was lost: nothing ran
             write(
                 ctx,
@@ -332,6 +377,16 @@ def _begin_effect(ctx: JobContext) -> None:
         raise
     ctx.effects_in_flight = in_flight
     ctx.effects_started = True
+    if idempotent is not None:
+        ctx.idempotent_names.add(idempotent.name)
+    event = ctx.event
+    return effect_key(
+        job_id=event.job_id,
+        app=event.app,
+        event_id=event.event_id,
+        generation=generation,
+        name=scope.name,
+    )
 
 
 def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:

@@ -39,6 +39,7 @@ from .errors import (
     Superseded,
     truncate,
 )
+from .idempotency import Idempotent, window_params, window_passed
 from .models import EventJob, Status
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
@@ -272,21 +273,25 @@ def renew(lease: Lease, *, lease_seconds: float | None = None) -> datetime:
     return deadline
 
 
-def begin_effect(lease: Lease, *, in_flight: int | None = None) -> None:
-    """Persist "an effect is in flight" before the effect starts (SPEC §3 Effects).
-
-    ``in_flight``: how many of this attempt's effects are in flight once this one begins,
-    written as a value so a retried call cannot count one effect twice (None: one more than
-    now). Raises ``Superseded`` instead when a newer private message waits: nothing started.
-    """
+def begin_effect(
+    lease: Lease, *, in_flight: int | None = None, idempotent: Idempotent | None = None
+) -> int:
+    """Persist "an effect is in flight" before it starts (SPEC §3 Effects); returns the job's
+    replay generation. ``in_flight``: this attempt's effects in flight once it begins, a value
+    so a retry cannot count one twice (None: one more); ``idempotent``: its name and window.
+    Raises ``Superseded``, ``Cancelled`` or ``IdempotencyWindowPassed``: nothing started."""
     interrupt = checked_settings().INTERRUPT_PRIVATE
-    if store().begin_effect(lease, in_flight=in_flight, interrupt_private=interrupt):
-        return
+    params = window_params(idempotent)
+    gen = store().begin_effect(lease, in_flight=in_flight, interrupt_private=interrupt, **params)
+    if gen is not None:
+        return gen
     found = store().lease_state(lease.job_id)
     if _why_not_held(lease, found) is not None:
         raise _lease_lost(lease, "start an effect for")
     if found and found["cancel_requested"]:
         raise Cancelled(f"Job {lease.job_id} was cancelled; its effect was not started.")
+    if found and found["window_passed"]:
+        raise window_passed(lease.job_id, idempotent)
     raise Superseded(
         f"Job {lease.job_id} was superseded by a newer message; its effect was not started."
     )
@@ -386,16 +391,18 @@ def fail(
     message: str = "",
     retry_in: float | None = None,
     retrying: bool = False,
+    final: bool = False,
 ) -> str:
-    """The handler raised: ``unknown`` if any effect started, ``completed`` (``Cancelled``) if
-    an operator cancelled it, ``failed`` when its attempts are spent, else ``retry_wait`` in
-    ``retry_in`` seconds (default: the site policy's backoff)."""
+    """The handler raised: ``unknown`` if an effect started (unless all were idempotent and
+    it runs again in their window), ``completed`` if cancelled, ``failed`` when its attempts
+    are spent (or ``final``), else ``retry_wait`` in ``retry_in`` s (default: backoff)."""
+    retry_in = site_policy().delay_before(lease.attempt) if retry_in is None else retry_in
     status = store().fail(
         lease,
         error_type=error_type[:128] or "Error",
         message=truncate(message),
         max_attempts=checked_settings().MAX_ATTEMPTS,  # unless the job carries its own
-        retry_in=site_policy().delay_before(lease.attempt) if retry_in is None else retry_in,
+        retry_in=None if final else retry_in,
     )
     return status or _ended_before(lease, "fail", retrying)
 

@@ -87,6 +87,21 @@ class EventJob(models.Model):
     #: Whether a step of this job was ever recorded (SPEC §7): only then does a new attempt read
     #: the memoized results, so a job without steps pays nothing for them.
     has_steps = models.BooleanField(default=False, db_default=False)
+    #: Idempotent effects (SPEC §3 Effects): the remote side deduplicates by a key the ledger
+    #: gives the effect (``handlers.effect_key``: job id, event, replay generation, effect
+    #: name). ``idempotent_until`` is the database time before which re-issuing every effect
+    #: this run started is harmless: the earliest first start of its idempotent effects plus
+    #: their window, less the safety margin; NULL once an effect without a key started (or
+    #: none did). A failure, a crash or a lost lease before it sends the job to retry_wait.
+    idempotent_until = models.DateTimeField(null=True, blank=True)
+    #: When this run's first idempotent effect started (database clock), the name and window
+    #: (seconds) of the latest one: the admin shows them with its key.
+    idempotent_since = models.DateTimeField(null=True, blank=True)
+    idempotent_effect = models.CharField(max_length=64, blank=True, default="", db_default="")
+    idempotent_window = models.FloatField(null=True, blank=True)
+    #: How many times an operator replayed this job: part of its effects' keys, so a replay
+    #: sends again instead of being swallowed by the remote side's dedupe.
+    replays = models.PositiveIntegerField(default=0, db_default=0)
     #: Attempts this job gets: its handler's retry policy when it was stored; None: the site's
     #: MAX_ATTEMPTS when an attempt ends (so raising it helps jobs already stored).
     max_attempts = models.PositiveIntegerField(null=True, blank=True)
@@ -288,6 +303,11 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
         "side_effect_started": job.side_effect_started,
         "effect_uncertain": job.effect_uncertain,
         "cancel_requested": job.cancel_requested,
+        "idempotent_effect": job.idempotent_effect,
+        "idempotent_window": job.idempotent_window,
+        "idempotent_since": job.idempotent_since.isoformat() if job.idempotent_since else None,
+        "idempotent_until": job.idempotent_until.isoformat() if job.idempotent_until else None,
+        "replays": job.replays,
         "max_attempts": job.max_attempts,
         "error_type": job.error_type,
         "error_message": job.error_message,

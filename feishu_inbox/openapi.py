@@ -154,6 +154,27 @@ def _build(creds: Credentials) -> lark_oapi.Client:
     )
 
 
+def sending_apps() -> list[str]:
+    """The apps of FEISHU_INBOX["APPS"] with Open API credentials (APP_ID and APP_SECRET)."""
+    apps = checked_settings().APPS
+    return sorted(a for a, keys in apps.items() if keys.get("APP_ID") and keys.get("APP_SECRET"))
+
+
+def warm_up() -> bool:
+    """Import the SDK now, once per process, when some app has credentials (a worker calls it
+    before it claims: importing ``lark_oapi`` takes seconds, better spent before a lease is
+    running than inside a reply's effect). Returns whether it did; builds no client and makes
+    no request."""
+    if not sending_apps():
+        return False
+    try:
+        import lark_oapi  # noqa: F401
+        from lark_oapi.api.im.v1 import CreateMessageRequest  # noqa: F401
+    except ImportError:  # check E005 names it; the first call raises ConfigurationError
+        return False
+    return True
+
+
 def forget_clients() -> None:
     """Drop the built clients and the SDK's cached tokens of their apps (tests; a rotated
     secret is picked up without this, as a new client)."""

@@ -40,7 +40,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger, retention, scheduler, schedules
+from . import handlers, ledger, openapi, retention, scheduler, schedules
 from .conf import checked_settings
 from .errors import Cancelled, InvalidState, LeaseLost, Superseded
 from .retry import RetryAt
@@ -232,6 +232,8 @@ class Worker:
 
     def run(self) -> int:
         previous = self._install_signals()
+        if openapi.warm_up():  # seconds of imports, before any lease runs
+            log.info("worker %s: Feishu SDK loaded for %s", self.worker_id, openapi.sending_apps())
         for name, target in (
             ("feishu-heartbeat", self._heartbeat),
             ("feishu-listen", self._listen),
@@ -423,9 +425,14 @@ class Worker:
 
     def _fail(self, ctx: handlers.JobContext, error: BaseException) -> str:
         """End the attempt as failed: retried after the handler's policy's backoff, or at the
-        time a ``RetryAt`` asked for (the attempts still bound it)."""
+        time a ``RetryAt`` asked for (the attempts still bound it); not retried when the error
+        says running again cannot help (its ``final`` is True: Feishu refused the request)."""
         ctx.ensure_alive()
-        if isinstance(error, RetryAt):
+        final = getattr(error, "final", False) is True
+        retry_in: float | None = None
+        if final:
+            pass
+        elif isinstance(error, RetryAt):
             retry_in = error.seconds_from(database_now()) if error.needs_clock else error.seconds
         else:
             retry_in = handlers.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
@@ -438,6 +445,7 @@ class Worker:
                 message=str(error),
                 retry_in=retry_in,
                 retrying=retrying,
+                final=final,
             ),
         )
 

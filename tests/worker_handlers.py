@@ -127,3 +127,21 @@ async def async_steps(event: Event) -> None:
     async with feishu_inbox.effect():
         record("effect", event.event_id, pid)
     record("end", event.event_id, pid, time.monotonic_ns())
+
+
+@feishu_inbox.handler("test.reply")
+def reply(event: Event) -> None:
+    """Think a little, then reply through the Open API (the fake of the test): payload
+    ``text``, and optionally ``window``/``margin`` seconds of the reply's idempotency."""
+    pid = os.getpid()
+    record("start", event.event_id, pid, time.monotonic_ns(), event.attempt)
+    time.sleep(float(event.payload.get("think", 0)))  # the handler's own work (an LLM call)
+    window = event.payload.get("window")
+    margin = event.payload.get("margin")
+    feishu_inbox.reply(
+        event,
+        event.payload["text"],
+        idempotent_for=timedelta(seconds=window) if window else timedelta(hours=1),
+        margin=None if margin is None else timedelta(seconds=margin),
+    )
+    record("replied", event.event_id, pid, event.attempt)

@@ -42,7 +42,13 @@ class Store(Protocol):
     def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]: ...
     def finish(self, fence: Fence, error_type: str) -> str | None: ...
     def fail(
-        self, fence: Fence, *, error_type: str, message: str, max_attempts: int, retry_in: float
+        self,
+        fence: Fence,
+        *,
+        error_type: str,
+        message: str,
+        max_attempts: int,
+        retry_in: float | None,
     ) -> str | None: ...
     def finish_and_claim(
         self,
@@ -57,8 +63,15 @@ class Store(Protocol):
     # the lease holder's other calls
     def renew(self, fence: Fence, lease_seconds: float) -> datetime | None: ...
     def begin_effect(
-        self, fence: Fence, *, in_flight: int | None, interrupt_private: bool
-    ) -> bool: ...
+        self,
+        fence: Fence,
+        *,
+        in_flight: int | None,
+        interrupt_private: bool,
+        name: str | None = None,
+        window: float | None = None,
+        until_seconds: float | None = None,
+    ) -> int | None: ...
     def end_effect(self, fence: Fence, *, in_flight: int | None, uncertain: bool) -> bool: ...
     def ended_with(self, fence: Fence) -> str | None: ...
     def claimed_with(self, worker_id: str, token: str) -> list[Row]: ...

@@ -173,10 +173,29 @@ class SqlStore:
             found = self.row("renew", {**fence_params(fence), "lease_seconds": lease_seconds})
         return None if found is None else aware(found["lease_until"])
 
-    def begin_effect(self, fence: Fence, *, in_flight: int | None, interrupt_private: bool) -> bool:
-        params = {"in_flight": in_flight, "interrupt_private": interrupt_private}
+    def begin_effect(
+        self,
+        fence: Fence,
+        *,
+        in_flight: int | None,
+        interrupt_private: bool,
+        name: str | None = None,
+        window: float | None = None,
+        until_seconds: float | None = None,
+    ) -> int | None:
+        """The job's replay generation once the effect is recorded as begun; None when
+        refused. ``name``, ``window`` and ``until_seconds`` (window less margin, seconds)
+        describe an idempotent effect; None for one without a key."""
+        params = {
+            "in_flight": in_flight,
+            "interrupt_private": interrupt_private,
+            "name": name,
+            "window": window,
+            "until_seconds": until_seconds,
+        }
         with self.write():
-            return self.row("begin_effect", {**fence_params(fence), **params}) is not None
+            found = self.row("begin_effect", {**fence_params(fence), **params})
+        return None if found is None else int(found["replays"])
 
     def end_effect(self, fence: Fence, *, in_flight: int | None, uncertain: bool) -> bool:
         params = {"in_flight": in_flight, "uncertain": uncertain}

@@ -42,10 +42,21 @@ RETURNING lease_until
 -- The worker writes the count as a value (%(in_flight)s), not an increment: a retry after a
 -- lost reply cannot count one effect twice (the lease holder is its job's only writer).
 -- NULL increments it instead (a caller that does not count).
+-- An idempotent effect (%(until_seconds)s: its window less the margin; NULL for an effect
+-- without a key) narrows the job's window to its own deadline, and is refused once the job
+-- re-issues effects past its window (a re-send might no longer be deduplicated): the job
+-- then ends unknown. It returns the replay generation, part of the effect's key.
 UPDATE {job} SET effects_in_flight = COALESCE(%(in_flight)s, effects_in_flight + 1),
-    side_effect_started = TRUE
+    side_effect_started = TRUE,
+    idempotent_until = {idempotent_until_after_begin},
+    idempotent_since = CASE WHEN %(until_seconds)s IS NULL THEN idempotent_since
+                            ELSE COALESCE(idempotent_since, now()) END,
+    idempotent_effect = COALESCE(%(name)s, idempotent_effect),
+    idempotent_window = COALESCE(%(window)s, idempotent_window)
 WHERE {fence} AND NOT cancel_requested AND NOT ({superseded})
-RETURNING id
+  AND (%(until_seconds)s IS NULL OR NOT side_effect_started OR idempotent_until IS NULL
+       OR idempotent_until > now())
+RETURNING id, replays
 
 -- end_effect --
 -- Record an effect as finished, or uncertain when it raised (fenced; one must be in flight).
@@ -57,7 +68,9 @@ RETURNING id
 
 -- hand_back --
 -- Return a job that started no effect to the queue, due now, giving its attempt back (fenced);
--- one an operator cancelled meanwhile is completed instead.
+-- one an operator cancelled meanwhile is completed instead. A job whose every effect is
+-- idempotent, settled and inside its window (a retried job that has not re-issued it yet)
+-- may go back too: it re-issues them with the same keys.
 UPDATE {job} SET
     status = CASE WHEN cancel_requested THEN '{completed}'
                   WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
@@ -66,13 +79,15 @@ UPDATE {job} SET
     error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE 'HandedBack' END,
     error_message = 'The worker shut down.',
     lease_token = '', lease_until = NULL
-WHERE {fence} AND NOT {effect_started}
+WHERE {fence} AND NOT ({effect_started} AND NOT {reissuable_now})
 RETURNING status
 
 -- lease_state --
 -- What a fenced call that matched nothing ran into: the job's owner, token, whether its
--- lease has expired by the database's clock, and whether an operator cancelled it.
-SELECT status, worker_id, lease_token, lease_until <= now() AS expired, cancel_requested
+-- lease has expired by the database's clock, whether an operator cancelled it, and whether
+-- its idempotency window has passed.
+SELECT status, worker_id, lease_token, lease_until <= now() AS expired, cancel_requested,
+       idempotent_until <= now() AS window_passed
 FROM {job} WHERE id = %(job_id)s
 
 -- newer_private_waiting --
@@ -91,8 +106,11 @@ SELECT status FROM {job} WHERE id = %(job_id)s
 -- An operator's "run it again" (requeue a failed job; reconcile an unknown one as not
 -- applied): queued, attempt 0, due now, effect flags cleared (a failed job has none). The
 -- precondition is a parameter: the ledger says which state each action starts from.
+-- Idempotent effects keep their keys (a re-send the operator was wrong about is still
+-- deduplicated) and get a new window.
 UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
     effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
+    idempotent_until = NULL, idempotent_since = NULL,
     cancel_requested = FALSE, error_type = '', error_message = '', resolution = %(resolution)s
 WHERE id = %(job_id)s AND status IN {statuses}
 RETURNING partition_key, status
@@ -160,8 +178,10 @@ UPDATE {attempt} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
 
 -- replay --
 -- completed → queued, attempt 0, due now, effect flags and error cleared; its history stays.
+-- A new replay generation: its idempotent effects get new keys, so they happen again.
 UPDATE {job} SET status = '{queued}', attempt = 0, available_at = now(), finished_at = NULL,
     effects_in_flight = 0, side_effect_started = FALSE, effect_uncertain = FALSE,
+    idempotent_until = NULL, idempotent_since = NULL, replays = replays + 1,
     cancel_requested = FALSE, error_type = '', error_message = '', resolution = %(resolution)s
 WHERE id = %(job_id)s AND status = '{completed}'
 RETURNING partition_key, status
@@ -237,16 +257,18 @@ DELETE FROM {attempt} WHERE job_id IN {job_ids}
 DELETE FROM {job} WHERE id IN {job_ids}
 
 -- expire_lease_jobs --
--- SPEC §3 Lease expiry: unknown if an effect started, completed if an operator cancelled it,
--- failed (WorkerCrashed) when its attempts are spent, else it runs again now. Re-checks the
--- expiry: a renewal may have landed since the probe.
+-- SPEC §3 Lease expiry: unknown if an effect started (unless every effect it started is
+-- idempotent and inside its window: then it re-issues them), completed if an operator
+-- cancelled it, failed (WorkerCrashed) when its attempts are spent, else it runs again now.
+-- Re-checks the expiry: a renewal may have landed since the probe.
 UPDATE {job} SET
     status = {status_after_failure},
-    error_type = CASE
-        WHEN {effect_started} THEN 'LeaseExpiredAfterSideEffect'
-        WHEN cancel_requested THEN 'Cancelled'
-        WHEN {attempts_spent} THEN 'WorkerCrashed'
+    error_type = CASE {status_after_failure}
+        WHEN '{unknown}' THEN 'LeaseExpiredAfterSideEffect'
+        WHEN '{completed}' THEN 'Cancelled'
+        WHEN '{failed}' THEN 'WorkerCrashed'
         ELSE 'LeaseExpired' END,
+    {settle_after_failure},
     error_message = 'The worker ' || worker_id || ' stopped renewing its lease (it crashed, '
         || 'was killed, or was paused past the lease) on attempt ' || attempt || '.',
     available_at = now(),

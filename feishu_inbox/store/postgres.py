@@ -84,7 +84,13 @@ class PostgresStore(SqlStore):
         )
 
     def fail(
-        self, fence: Fence, *, error_type: str, message: str, max_attempts: int, retry_in: float
+        self,
+        fence: Fence,
+        *,
+        error_type: str,
+        message: str,
+        max_attempts: int,
+        retry_in: float | None,
     ) -> str | None:
         return self._end_attempt(
             fence,

@@ -45,14 +45,71 @@ CLAIMED_COLUMNS = (
     "lease_until, has_steps"
 )
 
-#: SPEC §3 Effects: once any effect started the job is never retried automatically.
+#: SPEC §3 Effects: once any effect started the job is never retried automatically, unless
+#: every effect it started is idempotent and still inside its window (``status_after``).
 EFFECT_STARTED = "(side_effect_started OR effects_in_flight > 0 OR effect_uncertain)"
+EFFECT_OPEN = "(effects_in_flight > 0 OR effect_uncertain)"
 #: A job's attempts: its own (its handler's policy), else the site's (%(max_attempts)s).
 ATTEMPTS_SPENT = "attempt >= COALESCE(max_attempts, %(max_attempts)s)"
-STATUS_AFTER_FAILURE = (
-    f"CASE WHEN {EFFECT_STARTED} THEN '{UNKNOWN}' WHEN cancel_requested THEN '{COMPLETED}' "
-    f"WHEN {ATTEMPTS_SPENT} THEN '{FAILED}' ELSE '{RETRY_WAIT}' END"
+
+
+def status_after(*, retry_at: str, spent: str = ATTEMPTS_SPENT, final: str = "FALSE") -> str:
+    """Where an attempt that failed (or whose lease expired) leaves its job (SPEC §3 Fail,
+    Lease expiry), as a CASE over the job's row as it was:
+
+    - ``final`` (the handler said retrying cannot help, e.g. Feishu refused the request),
+      every effect it started is idempotent and settled (none in flight or uncertain), and
+      none was first started by an earlier attempt → failed. (A refusal of a re-sent key
+      proves nothing about the first try, and what Feishu answers a repeated uuid is not
+      documented: that job is unknown.)
+    - an effect started, and the job will not run again within its idempotency window
+      (``idempotent_until`` after ``retry_at``, the time it would run again), or will not run
+      again at all (final, cancelled, attempts spent) → unknown;
+    - an operator cancelled it → completed; attempts spent → failed; else retry_wait.
+
+    Without an idempotent effect this is the rule of old: any effect started → unknown.
+    """
+    every_idempotent = (
+        "(NOT side_effect_started OR (idempotent_until IS NOT NULL "
+        "AND NOT COALESCE(idempotent_since < claimed_at, FALSE)))"
+    )
+    inside_window = f"COALESCE(idempotent_until > {retry_at}, FALSE)"
+    return (
+        f"CASE WHEN {final} AND NOT cancel_requested AND NOT {EFFECT_OPEN} "
+        f"AND {every_idempotent} THEN '{FAILED}' "
+        f"WHEN {EFFECT_STARTED} AND ({final} OR cancel_requested OR {spent} "
+        f"OR NOT {inside_window}) THEN '{UNKNOWN}' "
+        f"WHEN cancel_requested THEN '{COMPLETED}' "
+        f"WHEN {spent} THEN '{FAILED}' ELSE '{RETRY_WAIT}' END"
+    )
+
+
+#: Lease expiry: the job would run again now.
+STATUS_AFTER_FAILURE = status_after(retry_at="now()")
+#: The handler failed (SQLite's fail_job): it runs again in %(retry_in)s seconds; NULL: final.
+STATUS_AFTER_FAIL = status_after(
+    retry_at="feishu_inbox_now_plus(%(retry_in)s)", final="(%(retry_in)s IS NULL)"
 )
+#: The same inside feishu_inbox_end_attempt() (PostgreSQL), from its parameters.
+STATUS_AFTER_FAIL_FUNCTION = status_after(
+    retry_at="now() + p_retry_in * interval '1 second'",
+    spent="attempt >= COALESCE(max_attempts, p_max_attempts)",
+    final="(p_retry_in IS NULL)",
+)
+
+
+def settle_if_retried(status: str) -> str:
+    """Assignments for an attempt ending in ``status`` (a CASE): a job that runs again after
+    an idempotent effect will re-issue it with the same key, so nothing is in flight or
+    uncertain any more; ``side_effect_started`` and the window stay."""
+    return (
+        f"effects_in_flight = CASE WHEN {status} = '{RETRY_WAIT}' THEN 0 "
+        "ELSE effects_in_flight END, "
+        f"effect_uncertain = CASE WHEN {status} = '{RETRY_WAIT}' THEN FALSE "
+        "ELSE effect_uncertain END"
+    )
+
+
 #: Written exactly as the partial index's predicate: SQLite uses a partial index only when
 #: the query's WHERE names its condition in the same textual form.
 UNRESOLVED = f"NOT (status = '{COMPLETED}')"
@@ -90,7 +147,7 @@ SQL_NAMES: dict[str, str] = {
     ),
     "effect_started": EFFECT_STARTED,
     # A handler that returns with an effect in flight or uncertain ends `unknown`.
-    "effect_open": "(effects_in_flight > 0 OR effect_uncertain)",
+    "effect_open": EFFECT_OPEN,
     # Every call of a lease holder: its job, still running, still its own, lease not expired.
     "fence": (
         f"id = %(job_id)s AND status = '{RUNNING}' AND worker_id = %(worker_id)s "
@@ -100,10 +157,30 @@ SQL_NAMES: dict[str, str] = {
     # job (SPEC §3 Fail): an effect started → unknown; an operator cancelled it → completed;
     # its attempts spent → failed; else it runs again.
     "status_after_failure": STATUS_AFTER_FAILURE,
+    "status_after_fail": STATUS_AFTER_FAIL,
+    "status_after_fail_function": STATUS_AFTER_FAIL_FUNCTION,
+    "settle_after_failure": settle_if_retried(STATUS_AFTER_FAILURE),
+    "settle_after_fail": settle_if_retried(STATUS_AFTER_FAIL),
+    "settle_after_fail_function": settle_if_retried(STATUS_AFTER_FAIL_FUNCTION),
     "attempts_spent": ATTEMPTS_SPENT,
-    "error_after_failure": (
-        f"CASE WHEN {EFFECT_STARTED} THEN %(error_type)s WHEN cancel_requested THEN 'Cancelled' "
-        "ELSE %(error_type)s END"
+    "error_after_fail": (
+        f"CASE WHEN {STATUS_AFTER_FAIL} = '{COMPLETED}' THEN 'Cancelled' ELSE %(error_type)s END"
+    ),
+    # Every effect the job started may be re-issued now: idempotent, none in flight or
+    # uncertain, inside the window (hand_back).
+    "reissuable_now": (
+        f"(NOT {EFFECT_OPEN} AND idempotent_until IS NOT NULL AND idempotent_until > now())"
+    ),
+    # An effect begins (begin_effect): %(until_seconds)s is its window less the margin, NULL
+    # for an effect without an idempotency key. The job's window is the earliest deadline of
+    # its idempotent effects, counted from each one's first start; an effect without a key
+    # closes it for good (NULL while side_effect_started).
+    "idempotent_until_after_begin": (
+        "CASE WHEN %(until_seconds)s IS NULL "
+        "OR (side_effect_started AND idempotent_until IS NULL) THEN NULL "
+        "WHEN idempotent_until IS NULL "
+        "OR idempotent_until > feishu_inbox_now_plus(%(until_seconds)s) "
+        "THEN feishu_inbox_now_plus(%(until_seconds)s) ELSE idempotent_until END"
     ),
     "claimed_columns": CLAIMED_COLUMNS,
     "uncertain_message": (

@@ -137,7 +137,13 @@ class SqliteStore(SqlStore):
             return self._end_attempt(fence, "finish_job", {"error_type": error_type})
 
     def fail(
-        self, fence: Fence, *, error_type: str, message: str, max_attempts: int, retry_in: float
+        self,
+        fence: Fence,
+        *,
+        error_type: str,
+        message: str,
+        max_attempts: int,
+        retry_in: float | None,
     ) -> str | None:
         with self.transaction():
             return self._end_attempt(

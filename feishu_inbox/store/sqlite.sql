@@ -75,14 +75,16 @@ WHERE {fence}
 RETURNING status
 
 -- fail_job --
--- The handler raised: unknown if any effect started, completed if an operator cancelled it,
--- failed when the attempts are spent, else retry in %(retry_in)s seconds (fenced). Only on
--- SQLite (PostgreSQL: inside feishu_inbox_end_attempt()).
+-- The handler raised: unknown if any effect started (unless all were idempotent and it runs
+-- again inside their window), completed if an operator cancelled it, failed when the attempts
+-- are spent (or %(retry_in)s is NULL: retrying cannot help), else retry in %(retry_in)s
+-- seconds (fenced). Only on SQLite (PostgreSQL: inside feishu_inbox_end_attempt()).
 UPDATE {job} SET
-    status = {status_after_failure},
-    available_at = CASE WHEN {status_after_failure} = '{retry_wait}'
+    status = {status_after_fail},
+    available_at = CASE WHEN {status_after_fail} = '{retry_wait}'
         THEN feishu_inbox_now_plus(%(retry_in)s) ELSE available_at END,
-    finished_at = now(), error_type = {error_after_failure}, error_message = %(error_message)s,
+    {settle_after_fail},
+    finished_at = now(), error_type = {error_after_fail}, error_message = %(error_message)s,
     lease_token = '', lease_until = NULL
 WHERE {fence}
 RETURNING status

@@ -1,7 +1,10 @@
 """The demo bot: an echo-style turn that shows ``checkpoint()`` and ``effect()``.
 
-Autodiscovered (a ``feishu_handlers`` module of an installed app). Its "reply" is a row in
-``demo.Reply`` and a log line, so it runs without network access.
+Autodiscovered (a ``feishu_handlers`` module of an installed app). When the app has Open API
+credentials (``FEISHU_APP_ID`` and ``FEISHU_APP_SECRET`` in the environment) it replies in the
+chat for real, through ``feishu_inbox.reply`` (an idempotent effect: a crash never sends it
+twice); without them its "reply" is a row in ``demo.Reply`` and a log line, so it runs without
+network access.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import logging
 
 import feishu_inbox
+from feishu_inbox import openapi
 
 from .models import Reply
 
@@ -27,7 +31,13 @@ def echo(event: feishu_inbox.Event) -> None:
     answer = f"You said: {text}" if text else "I can only read text messages."
     # 2. A newer direct message from the same user? Stop here, answer that one instead.
     feishu_inbox.checkpoint()
-    # 3. The reply: recorded as started before it happens, never repeated automatically.
+    # 3. The reply: recorded as started before it happens. Through Feishu, a crash or a dropped
+    #    connection re-sends it with the same uuid (Feishu keeps one message) ...
+    if event.app in openapi.sending_apps():
+        message_id = feishu_inbox.reply(event, answer)
+        log.info("replied to %s in %s: %s", event.event_id, message.get("chat_id"), message_id)
+        return
+    # ... as a row here, it is never repeated automatically (a crash inside ends it unknown).
     with feishu_inbox.effect():
         Reply.objects.create(job_id=event.job_id, chat=message.get("chat_id", "?"), text=answer)
         log.info("replied to %s in %s: %s", event.event_id, message.get("chat_id"), answer)
