@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from feishu_inbox.store import store
 from feishu_inbox.task_framework import framework
 from feishu_inbox.tasks import InvalidLedgerTask, LedgerBackend, ordering_key, retry
 
+from . import worker_handlers
 from . import worker_tasks as t
 from .processes import wait_for
 
@@ -31,6 +33,12 @@ fw = framework()
 Status = fw.TaskResultStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _log_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tasks' log (worker_handlers.record) goes to the test's directory."""
+    monkeypatch.setattr(worker_handlers, "DIR", tmp_path)
 
 
 def run_worker(*args: str) -> None:

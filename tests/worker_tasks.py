@@ -55,7 +55,8 @@ def flaky(name: str, failures: int) -> str:
     record("flaky", name, os.getpid())
     from .worker_handlers import DIR
 
-    seen = sum(1 for line in (DIR / "events.log").read_text().splitlines() if line.split()[:2] == ["flaky", name])
+    lines = (DIR / "events.log").read_text().splitlines()
+    seen = sum(1 for line in lines if line.split()[:2] == ["flaky", name])
     if seen <= failures:
         raise RuntimeError(f"failure {seen}")
     return f"{name} after {seen}"
@@ -97,10 +98,11 @@ def gated(name: str) -> str:
 
 
 @task
-def with_effect(name: str) -> str:
-    record("task_start", name, os.getpid(), time.monotonic_ns())
+def gated_effect(name: str) -> str:
+    """Waits on the gate ``name`` inside an effect (a test kills its worker meanwhile)."""
     with feishu_inbox.effect():
-        record("effect", name, os.getpid())
+        record("in_effect", name, os.getpid())
+        wait_gate(name)
     return name
 
 
