@@ -29,6 +29,7 @@ from .admin_actions import ACTIONS, as_admin_action, page_context
 from .conf import inbox_settings
 from .models import BLOCKING, Attempt, EventJob, Partition, Status, Step
 from .stats import dashboard
+from .task_admin import KindFilter, QueueFilter
 
 STATUS_COLOURS: dict[str, str] = {
     Status.QUEUED: "#2563eb",
@@ -159,7 +160,14 @@ class EventJobAdmin(admin.ModelAdmin):
         "lease_owner",
         "lease_until",
     ]
-    list_filter = ["status", EventTypeFilter, AppFilter, BlocksPartitionFilter]
+    list_filter = [
+        "status",
+        KindFilter,
+        QueueFilter,
+        EventTypeFilter,
+        AppFilter,
+        BlocksPartitionFilter,
+    ]
     # Exact ids, or a partition key prefix (case-sensitive: served by an index at any size).
     search_fields = ["=event_id", "=dedupe_key"]
     search_help_text = (

@@ -24,9 +24,7 @@ from __future__ import annotations
 import time
 import traceback
 from datetime import datetime
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import handlers, steps
 from .errors import Cancelled, LedgerError

@@ -41,6 +41,9 @@ from .retry import RetryPolicy
 from .task_framework import framework
 
 _fw = framework()
+#: The framework's classes this module subclasses (from django.tasks or the backport).
+_InvalidTask: Any = _fw.InvalidTask
+_BaseTaskBackend: Any = _fw.BaseTaskBackend
 F = TypeVar("F")
 
 #: Matches task_jobs (kept here too: this module must not import the models at import time).
@@ -51,7 +54,7 @@ _PARTITION_LIMIT = 255
 _ordering: ContextVar[str | None] = ContextVar("feishu_inbox_task_ordering", default=None)
 
 
-class InvalidLedgerTask(_fw.InvalidTask, LedgerError):  # type: ignore[misc]
+class InvalidLedgerTask(_InvalidTask, LedgerError):
     """A task, its arguments or its ordering key cannot be stored in the ledger; nothing was
     enqueued. The framework's ``InvalidTask`` (callers catch that) with a catalogued code."""
 
@@ -96,7 +99,7 @@ def retry(policy: RetryPolicy) -> Callable[[F], F]:
     return mark
 
 
-class LedgerBackend(_fw.BaseTaskBackend):  # type: ignore[misc]
+class LedgerBackend(_BaseTaskBackend):
     """Tasks are ledger jobs: enqueued in the caller's transaction, run by ``runworker``."""
 
     supports_defer = True
@@ -110,8 +113,7 @@ class LedgerBackend(_fw.BaseTaskBackend):  # type: ignore[misc]
         problems = []
         if len(task.module_path) > _TASK_PATH_LIMIT:
             problems.append(
-                f"its module path {task.module_path!r} is longer than {_TASK_PATH_LIMIT} "
-                "characters"
+                f"its module path {task.module_path!r} is longer than {_TASK_PATH_LIMIT} characters"
             )
         if not task.queue_name or ":" in task.queue_name or len(task.queue_name) > 64:
             problems.append(

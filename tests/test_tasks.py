@@ -304,3 +304,57 @@ def _django6() -> bool:
     import django
 
     return django.VERSION >= (6, 0)
+
+
+# --- operators: admin and the inbox command -----------------------------------------------------
+
+
+def test_admin_shows_tasks_beside_events_by_kind_and_queue_with_the_same_actions() -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    email, added = t.send_email.enqueue("e@example.com"), t.add.enqueue(1, 1)
+    event = ledger.enqueue(
+        event_id="ev-admin", event_type="im.message.receive_v1", partition_key="chat:1", payload={}
+    ).job_id
+    User.objects.create_superuser("root", password="pw")
+    client = Client()
+    client.force_login(User.objects.get(username="root"))
+    url = reverse("admin:feishu_inbox_eventjob_changelist")
+
+    def listed(query: str) -> set[int]:
+        page = client.get(f"{url}?{query}")
+        assert page.status_code == 200
+        return {job.pk for job in page.context["cl"].result_list}
+
+    email_id, added_id = job_of(email).pk, job_of(added).pk
+    assert listed("kind=task") == {email_id, added_id}
+    assert listed("kind=event") == {event}
+    assert listed("kind=task&queue=emails") == {email_id}
+    page = client.get(url)
+    assert "task queue" in page.content.decode() and "django.tasks tasks" in page.content.decode()
+    client.post(url, {"action": "cancel_jobs", "_selected_action": [email_id], "confirmed": "yes"})
+    got = t.send_email.get_result(email.id)
+    assert got.status == Status.FAILED
+    assert got.errors[0].exception_class_path == "feishu_inbox.errors.Cancelled"
+
+
+def test_the_inbox_command_lists_shows_and_acts_on_tasks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    failing, email = t.fail.enqueue("cli"), t.send_email.enqueue("f@example.com")
+    run_worker("--queue", "default")
+    call_command("inbox", "list", "--kind", "task", "--queue", "default", "--json")
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["event_id"] == failing.id and row["status"] == "failed"
+    call_command("inbox", "show", failing.id, "--json")
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["attempts"][0]["error_type"] == "builtins.ValueError"
+    call_command("inbox", "requeue", str(row["id"]))
+    assert "requeued" in capsys.readouterr().out
+    assert t.fail.get_result(failing.id).status == Status.READY
+    call_command("inbox", "list", "--kind", "task", "--queue", "emails", "--json")
+    assert [r["event_id"] for r in json.loads(capsys.readouterr().out)] == [email.id]

@@ -193,6 +193,4 @@ class SqliteStore(SqlStore):
             status = self._end_attempt(fence, "finish_job", {"error_type": error_type})
             if status is None or limit < 1:
                 return status, []
-            return status, self._claim(
-                fence.worker_id, token, lease_seconds, limit, key_prefixes
-            )
+            return status, self._claim(fence.worker_id, token, lease_seconds, limit, key_prefixes)
