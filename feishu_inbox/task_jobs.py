@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,9 @@ def enqueue(
     from .store import store
 
     key = partition_key(queue, ordering_key, result_id)
-    with store().transaction():
+    # One statement needs no transaction of its own (PostgreSQL: one round trip); a deferred
+    # task's two statements do.
+    with store().transaction() if run_after is not None else nullcontext():
         stored = ledger.enqueue(
             event_id=result_id,
             event_type=PREFIX + task_path,
