@@ -254,6 +254,13 @@ def test_bad_input_is_refused_with_a_code_and_stores_nothing() -> None:
     assert not EventJob.objects.exists() and not Partition.objects.exists()
 
 
+def test_runworker_refuses_a_queue_name_the_ledger_cannot_hold() -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="without ':'"):
+        run_worker("--queue", "a:b")
+
+
 def test_the_framework_validates_the_task_function() -> None:
     def local() -> None: ...
 
@@ -334,6 +341,8 @@ def test_admin_shows_tasks_beside_events_by_kind_and_queue_with_the_same_actions
     assert listed("kind=task&queue=emails") == {email_id}
     page = client.get(url)
     assert "task queue" in page.content.decode() and "django.tasks tasks" in page.content.decode()
+    detail = client.get(reverse("admin:feishu_inbox_eventjob_change", args=[email_id]))
+    assert detail.status_code == 200 and "e@example.com" in detail.content.decode()
     client.post(url, {"action": "cancel_jobs", "_selected_action": [email_id], "confirmed": "yes"})
     got = t.send_email.get_result(email.id)
     assert got.status == Status.FAILED
