@@ -4,6 +4,7 @@ queue, retried by their own policy, recovered by lease expiry after SIGKILL, wok
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from django.db import connection, transaction
 from feishu_inbox import ledger, task_jobs
 from feishu_inbox.models import EventJob
 from feishu_inbox.task_framework import framework
+from feishu_inbox.tasks import ordering_key
 
 from . import worker_tasks as t
 from .processes import wait_for
@@ -47,6 +49,23 @@ def test_a_queue_worker_leaves_other_queues_and_events_alone(workers: Workers) -
     workers.start("--queue", "default")
     wait_for(lambda: status(added) == Status.SUCCESSFUL, 30, "the default task")
     assert job(event).status == "queued"  # Feishu events need a worker without --queue
+
+
+def test_tasks_of_one_ordering_key_run_one_at_a_time_in_enqueue_order(
+    workers: Workers,
+) -> None:
+    with ordering_key("user:1"):
+        ordered = [t.logged.enqueue(f"o{i}", 0.05) for i in range(6)]
+    free = [t.logged.enqueue(f"f{i}", 0.05) for i in range(6)]
+    workers.start("--concurrency", "4")
+    wait_for(
+        lambda: all(status(r) == Status.SUCCESSFUL for r in ordered + free), 60, "every task"
+    )
+    starts = {line[1]: int(line[3]) for line in workers.lines("task_start")}
+    ends = {line[1]: int(line[3]) for line in workers.lines("task_end")}
+    names = [f"o{i}" for i in range(6)]
+    for earlier, later in itertools.pairwise(names):
+        assert ends[earlier] <= starts[later], (earlier, later)  # one at a time, in order
 
 
 def test_a_task_is_retried_by_its_own_policy(workers: Workers) -> None:
