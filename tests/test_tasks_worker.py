@@ -58,9 +58,7 @@ def test_tasks_of_one_ordering_key_run_one_at_a_time_in_enqueue_order(
         ordered = [t.logged.enqueue(f"o{i}", 0.05) for i in range(6)]
     free = [t.logged.enqueue(f"f{i}", 0.05) for i in range(6)]
     workers.start("--concurrency", "4")
-    wait_for(
-        lambda: all(status(r) == Status.SUCCESSFUL for r in ordered + free), 60, "every task"
-    )
+    wait_for(lambda: all(status(r) == Status.SUCCESSFUL for r in ordered + free), 60, "every task")
     starts = {line[1]: int(line[3]) for line in workers.lines("task_start")}
     ends = {line[1]: int(line[3]) for line in workers.lines("task_end")}
     names = [f"o{i}" for i in range(6)]
