@@ -44,6 +44,11 @@ def in_queue(queryset: QS, queue: str) -> QS:
     return queryset.filter(partition_key__startswith=queue_prefix(queue))
 
 
+def bad_queue_names(queues: list[str]) -> list[str]:
+    """Queue names the ledger cannot use: its partition keys are ``task:<queue>:…``."""
+    return sorted(q for q in queues if not isinstance(q, str) or not q or ":" in q or len(q) > 64)
+
+
 def configured_queues() -> list[str]:
     """The queues of every task backend of this site that is the ledger."""
     found: set[str] = set()

@@ -202,14 +202,5 @@ class LedgerBackend(_BaseTaskBackend):
                     id="feishu_inbox.E006",
                 )
             )
-        bad = sorted(q for q in self.queues if not q or ":" in q or len(q) > 64)
-        if bad:
-            found.append(
-                checks.Error(
-                    f"Task backend {self.alias!r} has queue names the ledger cannot store: "
-                    f"{', '.join(map(repr, bad))}.",
-                    hint="Name each queue with 1 to 64 characters, without ':'.",
-                    id="feishu_inbox.E007",
-                )
-            )
+        # Queue names are checked by feishu_inbox.checks (E007), from settings.TASKS.
         return found

@@ -266,11 +266,14 @@ def test_the_framework_validates_the_task_function() -> None:
 
     with pytest.raises(fw.InvalidTask, match="module level"):
         fw.Task(func=local)
+    from feishu_inbox.checks import check_task_backends
+
+    assert check_task_backends() == [] and fw.task_backends["default"].check() == []
     with override_settings(
-        TASKS={"default": {"BACKEND": "feishu_inbox.tasks.LedgerBackend", "QUEUES": ["a:b"]}}
+        TASKS={"default": {"BACKEND": "feishu_inbox.tasks.LedgerBackend", "QUEUES": ["a:b", ""]}}
     ):
-        [error] = fw.task_backends["default"].check()
-        assert error.id == "feishu_inbox.E007"
+        [error] = check_task_backends()
+        assert error.id == "feishu_inbox.E007" and "'a:b'" in error.msg
 
 
 # --- transactions and retention -------------------------------------------------------------
