@@ -8,11 +8,16 @@
 - replies/s through the Open API client against the local fake of Feishu (tests/fake_feishu.py)
   at 1 x 4, with ``feishu_inbox.reply`` (an idempotent effect) and with the bare client call:
   the difference is the effect's bookkeeping per reply.
+- no-op django.tasks tasks through the ledger's backend beside django-tasks-db: enqueue rate
+  (Task.enqueue() one at a time), processing rate (1 and 2 processes of one slot, as its
+  db_worker), enqueue -> start latency (goal: >= 2x its processing rate, p50 < 10 ms against
+  its 0.1 s-interval figure). ``--tasks-only`` measures this row alone.
 
 The peers run from shared/peers (copied to /tmp, their own virtualenv and database).
 
     .venv/bin/python bench/worker.py [--jobs 10000] [--idle-seconds 30] [--memory-jobs 100000]
-                                     [--replies 2000] [--peers DIR | --no-peers]
+                                     [--replies 2000] [--peers DIR | --no-peers] [--tasks-only]
+                                     [--peers-work DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _setup import ROOT, django_setup, fresh_postgres, percentile, reproduce
+from _setup import ROOT, django_setup, fresh_postgres, median, percentile, reproduce
 
 
 def worker_env(url: str, **extra: str) -> dict[str, str]:
@@ -192,6 +197,125 @@ def latency(url: str, n: int, gap: float) -> tuple[float, float]:
     return percentile(lat, 50), percentile(lat, 99)
 
 
+TASK_PAYLOAD = (
+    '{"args": [], "kwargs": {}, "backend": "default", "queue_name": "default", "priority": 0,'
+    ' "run_after": null, "takes_context": false, "ordering_key": null}'
+)
+
+
+def fill_tasks(n: int) -> None:
+    """n no-op tasks as LedgerBackend.enqueue stores them (each its own partition), in one
+    statement through the ledger's enqueue function (set-up only, as the peer's bulk fill)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('django.tasks', id, "
+            "'task:bench.bench_tasks.noop', id, 'task:default:~' || id, false, %s::jsonb, 1) "
+            "FROM (SELECT md5(random()::text || g) AS id FROM generate_series(1, %s) g) ids) s",
+            [TASK_PAYLOAD, n],
+        )
+        cur.execute("ANALYZE")
+
+
+def truncate() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
+            "feishu_inbox_partition"
+        )
+
+
+def tasks_row(url: str, n: int) -> dict[str, float]:
+    """The ledger as a django.tasks backend: enqueue/s, tasks/s at 1 and 2 processes of one
+    slot, enqueue -> start p50/p99 ms with an idle worker woken by NOTIFY."""
+    from django.db import connection
+
+    from bench import bench_tasks
+
+    truncate()
+    calls = 2000
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        bench_tasks.noop.enqueue()
+    row = {"enqueue": calls / (time.perf_counter() - t0)}
+    for label, procs in (("c1", 1), ("2x1", 2)):
+        truncate()
+        fill_tasks(n)
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "runworker",
+                    "--burst",
+                    "--concurrency",
+                    "1",
+                    "-v",
+                    "0",
+                ],
+                cwd=ROOT,
+                env=worker_env(url),
+            )
+            for _ in range(procs)
+        ]
+        for w in workers:
+            assert w.wait(600) == 0
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
+                "FROM feishu_inbox_eventjob WHERE status = 'completed' AND app = 'django.tasks'"
+            )
+            done, seconds = cur.fetchone()
+        assert done == n, (done, n)
+        row[label] = done / float(seconds)
+    truncate()
+    out = Path(tempfile.mkdtemp()) / "task-latency.txt"
+    proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out))
+    count = 200
+    try:
+        time.sleep(1.0)  # let the worker settle into its idle sleep (this is what we measure)
+        for _ in range(count):
+            bench_tasks.latency.enqueue(time.time())
+            time.sleep(0.01)  # pacing the arrivals, as the peer's latency run does
+        deadline = time.monotonic() + 60
+        while (not out.exists() or len(out.read_text().splitlines()) < count) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)  # waiting for the tasks to record, bounded
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lat = [
+        (float(b) - float(a)) * 1000
+        for a, b in (line.split() for line in out.read_text().splitlines())
+    ]
+    row["p50_ms"], row["p99_ms"] = percentile(lat, 50), percentile(lat, 99)
+    return row
+
+
+def print_tasks_row(ours: dict[str, float], theirs: dict[str, float], n: int) -> None:
+    def cell(key: str, fmt: str = ",.0f") -> str:
+        value = theirs.get(key)
+        return "-" if value is None else format(value, fmt)
+
+    ratio = ours["c1"] / theirs["c1"] if theirs.get("c1") else None
+    print(f"\nno-op django.tasks tasks on PostgreSQL ({n:,})   LedgerBackend   django-tasks-db")
+    print(
+        f"  enqueue() calls/s, one at a time       {ours['enqueue']:13,.0f}   {cell('enqueue'):>15}"
+    )
+    print(f"  tasks/s, 1 process x 1 slot            {ours['c1']:13,.0f}   {cell('c1'):>15}")
+    print(f"  tasks/s, 2 processes x 1 slot          {ours['2x1']:13,.0f}   {cell('2x1'):>15}")
+    print(
+        f"  enqueue -> start p50 / p99 ms          {ours['p50_ms']:5.1f} / {ours['p99_ms']:5.1f}   "
+        f"{cell('p50_ms', '.1f'):>5} / {cell('p99_ms', '.1f'):>5} (interval 0.1 s)"
+    )
+    if ratio is not None:
+        print(f"  processing rate, ratio of the figures (1 process): {ratio:.2f}x (goal >= 2x)")
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -251,9 +375,10 @@ def memory(url: str, jobs: int) -> tuple[int, int, float]:
     return warm, last, 100 * (last - warm) / warm
 
 
-def peers(directory: Path, n: int) -> dict[str, dict[str, float]]:
-    """Run the shared peer scripts; returns their figures."""
-    work = Path("/tmp/feishu-inbox-peers")
+def peers(
+    directory: Path, n: int, work: Path, only_djtasks: bool = False
+) -> dict[str, dict[str, float]]:
+    """Run the shared peer scripts (copied to ``work``); returns their figures."""
     if not (work / ".venv").exists():
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(directory, work, ignore=shutil.ignore_patterns("results", ".venv"))
@@ -289,6 +414,8 @@ def peers(directory: Path, n: int) -> dict[str, dict[str, float]]:
     p, d = str(work / "procrastinate_bench" / "bench.py"), str(work / "djtasks" / "bench.py")
     res: dict[str, dict[str, float]] = {"procrastinate": {}, "django-tasks-db": {}}
     try:  # each peer on its own: one failing must not lose the other's figures
+        if only_djtasks:
+            raise RuntimeError("skipped (--tasks-only)")
         for label, args in (
             ("c1", ["work", "--concurrency", "1"]),
             ("c4", ["work", "--concurrency", "4"]),
@@ -304,6 +431,8 @@ def peers(directory: Path, n: int) -> dict[str, dict[str, float]]:
     except (RuntimeError, subprocess.SubprocessError) as exc:
         print(f"procrastinate not measured: {exc}")
     try:
+        run(d, "reset")
+        res["django-tasks-db"]["enqueue"] = run(d, "enqueue", "--n", "2000")["jobs_per_s"]
         for label, procs in (("c1", "1"), ("2x1", "2")):
             run(d, "reset")
             run(d, "fill", "--n", str(n))
@@ -328,10 +457,44 @@ def main() -> None:
     )
     parser.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--tasks-only", action="store_true", help="only the django.tasks row")
+    parser.add_argument("--rounds", type=int, default=1, help="--tasks-only rounds (medians)")
+    parser.add_argument(
+        "--peers-work",
+        type=Path,
+        default=Path("/tmp/feishu-inbox-peers"),
+        help="where the peers are copied and set up (PGDATABASE chooses their database)",
+    )
     args = parser.parse_args()
 
-    url = fresh_postgres(args.database)
+    url = fresh_postgres("fi_bench_tasks" if args.tasks_only else args.database)
     django_setup(url)
+    if args.tasks_only:
+        # Rounds alternate ours and the peer's, so a machine whose load changes meanwhile
+        # weighs on both; each figure is the median of the rounds, each ratio the median of
+        # the rounds' ratios.
+        rounds: list[tuple[dict[str, float], dict[str, float]]] = []
+        for _ in range(args.rounds):
+            tasks = tasks_row(url, args.jobs)
+            their = {} if args.no_peers else peers(args.peers, args.jobs, args.peers_work, True)
+            rounds.append((tasks, their.get("django-tasks-db", {})))
+            print(
+                json.dumps({"round": len(rounds), "tasks": tasks, "django-tasks-db": rounds[-1][1]})
+            )
+        ours_m = {k: median([r[0][k] for r in rounds]) for k in rounds[0][0]}
+        theirs_m = {
+            k: median([r[1][k] for r in rounds if k in r[1]]) for k in rounds[0][1] if rounds[0][1]
+        }
+        print_tasks_row(ours_m, theirs_m, args.jobs)
+        ratios = [r[0]["c1"] / r[1]["c1"] for r in rounds if r[1].get("c1")]
+        if ratios:
+            print(
+                f"  per-round processing ratios: {', '.join(f'{x:.2f}' for x in ratios)}; "
+                f"median {median(ratios):.2f}x ({args.rounds} rounds)"
+            )
+        print(json.dumps({"tasks": ours_m, "django-tasks-db": theirs_m, "ratios": ratios}))
+        print(f"reproduce: {reproduce()}")
+        return
     ours = {
         "c1": throughput(url, 1, 1, args.jobs),
         "c4": throughput(url, 1, 4, args.jobs),
@@ -346,7 +509,7 @@ def main() -> None:
     their: dict[str, dict[str, float]] = {}
     if not args.no_peers:
         try:
-            their = peers(args.peers, args.jobs)
+            their = peers(args.peers, args.jobs, args.peers_work)
         except (OSError, subprocess.SubprocessError) as exc:
             print(f"peers not measured: {exc}")
 
@@ -378,6 +541,8 @@ def main() -> None:
         f"{per_step_ms:.2f} ms, a whole no-op job (one statement) takes {per_job_ms:.2f} ms: "
         f"a step costs {per_step_ms / per_job_ms:.2f} of it (goal: one round trip each, at most)"
     )
+    tasks = tasks_row(url, args.jobs)
+    print_tasks_row(tasks, their.get("django-tasks-db", {}), args.jobs)
     if sent:
         print(
             f"replies/s through the client against the local fake: 1 x 4 slots "
@@ -397,6 +562,7 @@ def main() -> None:
             {
                 "feishu_inbox": ours,
                 "replies": sent,
+                "tasks": tasks,
                 "peers": their,
                 "idle_cpu_percent": idle,
                 "rss_warm_kib": warm,

@@ -32,6 +32,7 @@ from .conf import inbox_settings
 from .idempotency import effect_key
 from .models import BLOCKING, Attempt, EventJob, Partition, Status, Step
 from .stats import dashboard
+from .task_admin import KindFilter, QueueFilter
 
 STATUS_COLOURS: dict[str, str] = {
     Status.QUEUED: "#2563eb",
@@ -162,7 +163,14 @@ class EventJobAdmin(admin.ModelAdmin):
         "lease_owner",
         "lease_until",
     ]
-    list_filter = ["status", EventTypeFilter, AppFilter, BlocksPartitionFilter]
+    list_filter = [
+        "status",
+        KindFilter,
+        QueueFilter,
+        EventTypeFilter,
+        AppFilter,
+        BlocksPartitionFilter,
+    ]
     # Exact ids, or a partition key prefix (case-sensitive: served by an index at any size).
     search_fields = ["=event_id", "=dedupe_key"]
     search_help_text = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
@@ -174,3 +175,36 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         )
         for problem in problems()
     ]
+
+
+@register()
+def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Task backends that are the ledger (tasks.py): their queue names must fit its partition
+    keys. Read from settings.TASKS, so the check runs whether or not anything imported the
+    tasks framework (Django 6 registers its own backend checks only once it is imported)."""
+    from .task_admin import BACKEND, bad_queue_names
+
+    messages: list[CheckMessage] = []
+    for alias, params in sorted(getattr(settings, "TASKS", {}).items()):
+        if params.get("BACKEND") != BACKEND:
+            continue
+        if find_spec("django.tasks") is None and find_spec("django_tasks") is None:
+            messages.append(
+                Error(
+                    f"Task backend {alias!r} is feishu_inbox.tasks.LedgerBackend, but neither "
+                    "django.tasks (Django 6) nor the django-tasks backport is installed.",
+                    hint="pip install 'feishu-inbox[tasks]' (or upgrade to Django 6).",
+                    id="feishu_inbox.E008",
+                )
+            )
+        bad = bad_queue_names(params.get("QUEUES") or ["default"])
+        if bad:
+            messages.append(
+                Error(
+                    f"Task backend {alias!r} has queue names the ledger cannot store: "
+                    f"{', '.join(map(repr, bad))}.",
+                    hint="Name each queue with 1 to 64 characters, without ':'.",
+                    id="feishu_inbox.E007",
+                )
+            )
+    return messages

@@ -33,6 +33,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "An operation was called with arguments it cannot take (every problem is named).",
         "Fix the call; nothing was stored or changed.",
     ),
+    "invalid_task": (
+        "A django.tasks task cannot be stored in the ledger (its path, queue name, arguments "
+        "or ordering key); nothing was enqueued.",
+        "Fix what the message names: JSON arguments, a queue name without ':', a short "
+        "ordering key.",
+    ),
     "schedule_configuration": (
         "A schedule declaration is invalid (its cron, time zone, catch-up policy or target).",
         "Fix each declaration (@feishu_inbox.schedule or FEISHU_INBOX['SCHEDULES']); "

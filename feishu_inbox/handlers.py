@@ -85,8 +85,46 @@ def registered() -> dict[str, Handler]:
 
 
 def policy_for(event_type: str) -> RetryPolicy:
-    """The retry policy of the handler for ``event_type``, or the site's."""
-    return _policies.get(event_type) or site_policy()
+    """The retry policy of the handler for ``event_type`` (or of its kind), or the site's."""
+    kind = kind_of(event_type)
+    return _policies.get(event_type) or (kind and kind.policy(event_type)) or site_policy()
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """Jobs that are not Feishu events, run by one function for every event type that starts
+    with ``prefix`` (``task:``, the django.tasks tasks of ``tasks.py``). ``policy`` gives an
+    event type's retry policy (None: the site's); ``describe_error`` what a failed attempt
+    records (error type, message) instead of the exception's class name and text."""
+
+    prefix: str
+    run: Handler
+    policy: Callable[[str], RetryPolicy | None]
+    describe_error: Callable[[BaseException], tuple[str, str]]
+
+
+_kinds: dict[str, JobKind] = {}
+
+
+def register_kind(kind: JobKind) -> None:
+    _kinds[kind.prefix] = kind
+
+
+def kind_of(event_type: str) -> JobKind | None:
+    return next((k for p, k in _kinds.items() if event_type.startswith(p)), None)
+
+
+def handler_for(event_type: str, registered: dict[str, Handler]) -> Handler | None:
+    """The function that runs a job of this type: its handler, else its kind's."""
+    kind = kind_of(event_type)
+    return registered.get(event_type) or (kind.run if kind else None)
+
+
+def describe_error(event_type: str, error: BaseException) -> tuple[str, str]:
+    """(error type, message) a failed attempt records: the class name and text, unless the
+    job's kind says otherwise (a task records the class's dotted path and the traceback)."""
+    kind = kind_of(event_type)
+    return kind.describe_error(error) if kind else (type(error).__name__, str(error))
 
 
 def own_attempts(event_type: str) -> int | None:

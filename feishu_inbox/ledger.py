@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -214,8 +214,10 @@ def claim(
     lease_seconds: float | None = None,
     limit: int = 1,
     token: str | None = None,
+    key_prefixes: Sequence[str] = (),
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` due partition heads, lowest receipt sequence first.
+    """Claim up to ``limit`` due partition heads, lowest receipt sequence first (of only the
+    partitions whose key starts with one of ``key_prefixes``, if given: task queues).
 
     Expired leases are recovered first (SPEC §3): by every claim that finds nothing, and by a
     busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds. ``token`` (default: a new
@@ -229,9 +231,9 @@ def claim(
         return []
     swept = _maybe_sweep()
     token = token or new_token()
-    rows = store().claim(worker_id, token, seconds, limit)
+    rows = store().claim(worker_id, token, seconds, limit, key_prefixes)
     if not rows and not swept and expire_leases():
-        rows = store().claim(worker_id, token, seconds, limit)
+        rows = store().claim(worker_id, token, seconds, limit, key_prefixes)
     return _claimed(rows, worker_id, token)
 
 
@@ -359,13 +361,14 @@ def finish_and_claim(
     note: str = "",
     token: str | None = None,
     retrying: bool = False,
+    key_prefixes: Sequence[str] = (),
 ) -> tuple[str, list[ClaimedJob]]:
     """``finish``, then claim up to ``limit`` next heads for the same worker.
 
     Both happen in one transaction (on PostgreSQL in one statement): one round trip and one
     commit per job instead of two, for a worker whose slot would otherwise claim again at once.
     Nothing is claimed if the lease was lost (LeaseLost is raised, as by ``finish``).
-    ``token`` is the claimed jobs' lease token (see ``claim``).
+    ``token`` is the claimed jobs' lease token, ``key_prefixes`` their filter (see ``claim``).
     """
     seconds = _lease_seconds(lease_seconds)
     if limit < 1:
@@ -378,6 +381,7 @@ def finish_and_claim(
         token=token,
         lease_seconds=seconds,
         limit=limit,
+        key_prefixes=key_prefixes,
     )
     if status is None:  # lost, or a retry of a finish that landed: then find what it claimed
         return _ended_before(lease, "finish", retrying), claimed_with(lease.worker_id, token)

@@ -6,6 +6,7 @@ of millions of rows and must never scan it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,9 +18,10 @@ from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Stat
 from .store import store
 
 
-def next_wakeup() -> datetime | None:
-    """The earliest time a claim may find work: a due head or a lease to expire."""
-    return store().next_wakeup()
+def next_wakeup(key_prefixes: Sequence[str] = ()) -> datetime | None:
+    """The earliest time a claim may find work: a due head or a lease to expire (of only the
+    partitions whose key starts with one of ``key_prefixes``, if given: task queues)."""
+    return store().next_wakeup(key_prefixes)
 
 
 def database_now() -> datetime:
@@ -27,9 +29,9 @@ def database_now() -> datetime:
     return store().now()
 
 
-def seconds_until_wakeup() -> float | None:
+def seconds_until_wakeup(key_prefixes: Sequence[str] = ()) -> float | None:
     """Seconds until ``next_wakeup()`` by the database's clock (negative: overdue)."""
-    wake = next_wakeup()
+    wake = next_wakeup(key_prefixes)
     if wake is None:
         return None
     return (wake - database_now()).total_seconds()

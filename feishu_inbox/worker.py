@@ -40,7 +40,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger, openapi, retention, scheduler, schedules
+from . import handlers, ledger, openapi, retention, scheduler, schedules, task_jobs
 from .conf import checked_settings
 from .errors import Cancelled, InvalidState, LeaseLost, Superseded
 from .retry import RetryAt
@@ -89,6 +89,8 @@ class WorkerOptions:
     burst: bool = False
     max_jobs: int | None = None
     grace_seconds: float = 30.0
+    #: Run only django.tasks tasks of these queues (``runworker --queue``); empty: every job.
+    queues: tuple[str, ...] = ()
 
 
 def new_worker_id() -> str:
@@ -211,6 +213,8 @@ class Worker:
         self.lease_seconds = options.lease_seconds or conf.LEASE_SECONDS
         self.poll_interval = conf.POLL_INTERVAL
         self.handlers = handlers.registered()
+        #: The claim's filter: partitions of these task queues only (``tasks.py``).
+        self.key_prefixes = tuple(task_jobs.queue_prefix(q) for q in options.queues)
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
@@ -242,11 +246,14 @@ class Worker:
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
         log.info(
-            "worker %s started: concurrency %s, lease %ss, handlers for %s",
+            "worker %s started: concurrency %s, lease %ss, handlers for %s; %s",
             self.worker_id,
             self.options.concurrency,
             self.lease_seconds,
             ", ".join(sorted(self.handlers)) or "no event type",
+            f"only tasks of queues {', '.join(self.options.queues)}"
+            if self.options.queues
+            else "every job (events, schedules, tasks of every queue)",
         )
         try:
             self._loop()
@@ -302,6 +309,7 @@ class Worker:
                 lease_seconds=self.lease_seconds,
                 limit=limit,
                 token=self._claim_token,
+                key_prefixes=self.key_prefixes,
             )
             self._claim_token = None
         except DatabaseError as exc:
@@ -323,7 +331,7 @@ class Worker:
         timeout = longest
         if can_claim:
             try:
-                until = seconds_until_wakeup()
+                until = seconds_until_wakeup(self.key_prefixes)
             except DatabaseError as exc:
                 self._database_away("reading the next wake-up", exc)
                 return
@@ -414,6 +422,7 @@ class Worker:
                     note=note,
                     token=token,
                     retrying=retrying,
+                    key_prefixes=self.key_prefixes,
                 ),
             )
         except BaseException:
@@ -436,13 +445,14 @@ class Worker:
             retry_in = error.seconds_from(database_now()) if error.needs_clock else error.seconds
         else:
             retry_in = handlers.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
+        error_type, message = handlers.describe_error(ctx.event.event_type, error)
         return handlers.write(
             ctx,
             "fail",
             lambda retrying: ledger.fail(
                 ctx.lease,
-                error_type=type(error).__name__,
-                message=str(error),
+                error_type=error_type,
+                message=message,
                 retry_in=retry_in,
                 retrying=retrying,
                 final=final,
@@ -450,7 +460,7 @@ class Worker:
         )
 
     def _execute(self, ctx: handlers.JobContext) -> tuple[str, handlers.JobContext | None]:
-        fn = self.handlers.get(ctx.event.event_type)
+        fn = handlers.handler_for(ctx.event.event_type, self.handlers)
         if fn is None:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")

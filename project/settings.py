@@ -120,6 +120,15 @@ FEISHU_INBOX: dict[str, object] = {
     },
 }
 
+# Background tasks on the ledger (README "Background tasks"): Django 6's django.tasks, or the
+# django-tasks backport on Django 5.2 (the `tasks` extra).
+TASKS = {
+    "default": {
+        "BACKEND": "feishu_inbox.tasks.LedgerBackend",
+        "QUEUES": ["default", "emails"],
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -8,7 +8,7 @@ from feishu_inbox.store.migration import RunPostgresFunctions
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('feishu_inbox', '0009_schedules'),
+        ('feishu_inbox', '0010_tasks'),
     ]
 
     operations = [

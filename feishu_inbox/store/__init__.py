@@ -12,7 +12,7 @@ database it runs on.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
@@ -39,7 +39,14 @@ class Store(Protocol):
 
     # the hot path
     def enqueue(self, job: dict[str, Any]) -> Row: ...
-    def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]: ...
+    def claim(
+        self,
+        worker_id: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
+    ) -> list[Row]: ...
     def finish(self, fence: Fence, error_type: str) -> str | None: ...
     def fail(
         self,
@@ -58,6 +65,7 @@ class Store(Protocol):
         token: str,
         lease_seconds: float,
         limit: int,
+        key_prefixes: Sequence[str] = (),
     ) -> tuple[str | None, list[Row]]: ...
 
     # the lease holder's other calls
@@ -117,7 +125,10 @@ class Store(Protocol):
 
     # reads
     def now(self) -> datetime: ...
-    def next_wakeup(self) -> datetime | None: ...
+    def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None: ...
+
+    # django.tasks tasks (tasks.py)
+    def defer_new_job(self, job_id: int, partition_key: str, run_after: datetime) -> None: ...
     def count_unresolved(self) -> dict[str, int]: ...
     def count_completed(self) -> int: ...
     def estimate_jobs(self) -> int | None: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -391,8 +391,22 @@ class SqlStore:
     def now(self) -> datetime:
         return aware(self.rows("now")[0]["now"])
 
-    def next_wakeup(self) -> datetime | None:
+    def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None:
+        """The earliest time a claim may find work (``key_prefixes``: a claim of only the
+        partitions whose key starts with one of them, as ``claim`` takes)."""
+        if key_prefixes:
+            found = self.rows("next_wakeup_in_queues", {"prefixes": list(key_prefixes)})
+            return aware(found[0]["wakeup"])
         return aware(self.rows("next_wakeup")[0]["wakeup"])
+
+    # --- django.tasks tasks (tasks.py) --------------------------------------------------------
+
+    def defer_new_job(self, job_id: int, partition_key: str, run_after: datetime) -> None:
+        """A task enqueued with ``run_after``: the job just stored (inside the enqueue's
+        transaction) and, when it is its partition's head, the partition wait until then."""
+        params = {"job_id": job_id, "partition_key": partition_key, "run_after": run_after}
+        self.execute("defer_job", params)
+        self.execute("defer_head", params)
 
     def count_unresolved(self) -> dict[str, int]:
         return {r["status"]: int(r["n"]) for r in self.rows("count_unresolved")}

@@ -369,3 +369,25 @@ WHERE name = %(name)s
 UPDATE {schedule} SET paused = %(paused)s
 WHERE name = %(name)s AND paused <> %(paused)s
 RETURNING name
+
+-- defer_job --
+-- A django.tasks task enqueued with run_after (feishu_inbox/tasks.py), in its enqueue's
+-- transaction: the job just stored waits until then.
+UPDATE {job} SET available_at = %(run_after)s
+WHERE id = %(job_id)s AND status = '{queued}' AND attempt = 0
+
+-- defer_head --
+-- ... and so does its partition, when that job is the partition's head.
+UPDATE {partition} SET head_due_at = %(run_after)s
+WHERE key = %(partition_key)s AND head_id = %(job_id)s
+
+-- next_wakeup_in_queues --
+-- next_wakeup, for a worker of some queues only (runworker --queue): due heads of the
+-- partitions whose key starts with one of the prefixes, or a lease to expire.
+SELECT MIN(t) AS wakeup FROM (
+    SELECT MIN(p.head_due_at) AS t FROM {partition} p
+    WHERE p.head_state IN {claimable}
+      AND EXISTS (SELECT 1 FROM {prefixes} q WHERE substr(p.key, 1, length(q.prefix)) = q.prefix)
+    UNION ALL
+    SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
+) AS w

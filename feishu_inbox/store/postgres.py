@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connection
@@ -28,6 +28,7 @@ class PostgresStore(SqlStore):
         "job_ids": "(SELECT unnest(%(job_ids)s::bigint[]))",
         "keys": "(SELECT unnest(%(keys)s::text[]))",
         "statuses": "(SELECT unnest(%(statuses)s::text[]))",
+        "prefixes": "(SELECT unnest(%(prefixes)s::text[]) AS prefix)",
     }
 
     def listen(
@@ -63,16 +64,23 @@ class PostgresStore(SqlStore):
     def enqueue(self, job: dict[str, Any]) -> Row:
         return self.rows("enqueue", job)[0]
 
-    def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]:
-        return self.rows(
-            "claim",
-            {
-                "worker_id": worker_id,
-                "token": token,
-                "lease_seconds": lease_seconds,
-                "limit": limit,
-            },
-        )
+    def claim(
+        self,
+        worker_id: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
+    ) -> list[Row]:
+        params = {
+            "worker_id": worker_id,
+            "token": token,
+            "lease_seconds": lease_seconds,
+            "limit": limit,
+        }
+        if key_prefixes:  # a worker of some task queues only (tasks.py): its own function
+            return self.rows("claim_in_queues", {**params, "prefixes": list(key_prefixes)})
+        return self.rows("claim", params)
 
     def _end_attempt(self, fence: Fence, **ending: Any) -> str | None:
         status = self.rows("end_attempt", {**fence_params(fence), **ending})[0]["status"]
@@ -102,18 +110,28 @@ class PostgresStore(SqlStore):
         )
 
     def finish_and_claim(
-        self, fence: Fence, error_type: str, *, token: str, lease_seconds: float, limit: int
+        self,
+        fence: Fence,
+        error_type: str,
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
     ) -> tuple[str | None, list[Row]]:
-        found = self.rows(
-            "finish_and_claim",
-            {
-                **fence_params(fence),
-                "error_type": error_type,
-                "new_token": token,
-                "lease_seconds": lease_seconds,
-                "limit": limit,
-            },
-        )
+        params = {
+            **fence_params(fence),
+            "error_type": error_type,
+            "new_token": token,
+            "lease_seconds": lease_seconds,
+            "limit": limit,
+        }
+        if key_prefixes:  # a worker of some task queues only (tasks.py): its own function
+            found = self.rows(
+                "finish_and_claim_in_queues", {**params, "prefixes": list(key_prefixes)}
+            )
+        else:
+            found = self.rows("finish_and_claim", params)
         status = found[0]["ended_status"]
         claimed = [r for r in found if r["id"] is not None]  # LEFT JOIN: NULLs when none
         return (None if status is None else str(status)), claimed

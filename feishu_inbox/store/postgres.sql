@@ -105,3 +105,27 @@ SELECT id, %(name)s, attempt, clock_timestamp() - %(took)s * interval '1 second'
 FROM fenced
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id
+
+-- claim_in_queues --
+-- claim, for a worker of some queues only (runworker --queue): only partitions whose key
+-- starts with one of %(prefixes)s. Only on PostgreSQL: SQLite runs claimable_heads_in_queues,
+-- claim_partitions and claim_jobs. A separate function, so the unfiltered claim is untouched.
+SELECT {claimed_columns}
+FROM feishu_inbox_claim_prefixed(%(worker_id)s, %(token)s, %(lease_seconds)s, %(limit)s,
+                                 %(prefixes)s::text[])
+
+-- finish_and_claim_in_queues --
+-- finish_and_claim, for a worker of some queues only (see claim_in_queues). Only on
+-- PostgreSQL: SQLite runs the finish and claimable_heads_in_queues in one transaction.
+SELECT ended.ended_status, claimed.*
+FROM (
+    SELECT feishu_inbox_end_attempt(%(job_id)s, %(worker_id)s, %(token)s, %(partition_key)s,
+                                    FALSE, %(error_type)s, '', 0, 0) AS ended_status
+) ended
+LEFT JOIN LATERAL (
+    SELECT {claimed_columns}
+    FROM feishu_inbox_claim_prefixed(%(worker_id)s, %(new_token)s, %(lease_seconds)s,
+                                     CASE WHEN ended.ended_status IS NULL THEN 0
+                                          ELSE %(limit)s END,
+                                     %(prefixes)s::text[])
+) claimed ON TRUE

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -58,6 +58,7 @@ class SqliteStore(SqlStore):
         "job_ids": "(SELECT value FROM json_each(%(job_ids)s))",
         "keys": "(SELECT value FROM json_each(%(keys)s))",
         "statuses": "(SELECT value FROM json_each(%(statuses)s))",
+        "prefixes": "(SELECT value AS prefix FROM json_each(%(prefixes)s))",
     }
 
     def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:
@@ -97,12 +98,30 @@ class SqliteStore(SqlStore):
                 self.execute("set_first_head", {**job, "job_id": stored["id"]})
         return {"job_id": stored["id"], "created": True}
 
-    def claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]:
+    def claim(
+        self,
+        worker_id: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
+    ) -> list[Row]:
         with self.transaction():
-            return self._claim(worker_id, token, lease_seconds, limit)
+            return self._claim(worker_id, token, lease_seconds, limit, key_prefixes)
 
-    def _claim(self, worker_id: str, token: str, lease_seconds: float, limit: int) -> list[Row]:
-        heads = self.rows("claimable_heads", {"limit": limit})
+    def _claim(
+        self,
+        worker_id: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
+    ) -> list[Row]:
+        if key_prefixes:  # a worker of some task queues only (tasks.py)
+            params = {"limit": limit, "prefixes": list(key_prefixes)}
+            heads = self.rows("claimable_heads_in_queues", params)
+        else:
+            heads = self.rows("claimable_heads", {"limit": limit})
         if not heads:
             return []
         self.execute("claim_partitions", {"keys": [h["key"] for h in heads]})
@@ -166,11 +185,18 @@ class SqliteStore(SqlStore):
         return True
 
     def finish_and_claim(
-        self, fence: Fence, error_type: str, *, token: str, lease_seconds: float, limit: int
+        self,
+        fence: Fence,
+        error_type: str,
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        key_prefixes: Sequence[str] = (),
     ) -> tuple[str | None, list[Row]]:
         # One transaction (one commit) for both, as PostgreSQL's one statement.
         with self.transaction():
             status = self._end_attempt(fence, "finish_job", {"error_type": error_type})
             if status is None or limit < 1:
                 return status, []
-            return status, self._claim(fence.worker_id, token, lease_seconds, limit)
+            return status, self._claim(fence.worker_id, token, lease_seconds, limit, key_prefixes)

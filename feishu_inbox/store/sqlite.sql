@@ -130,3 +130,13 @@ RETURNING id
 -- The job's has_steps flag, so later attempts read the memo. Only on SQLite (PostgreSQL sets
 -- it in record_step's one statement).
 UPDATE {job} SET has_steps = TRUE WHERE id = %(job_id)s AND NOT has_steps
+
+-- claimable_heads_in_queues --
+-- claimable_heads, for a worker of some queues only (runworker --queue): only partitions whose
+-- key starts with one of the prefixes. Only on SQLite (PostgreSQL:
+-- feishu_inbox_claim_prefixed()). The key is qualified: json_each has a column named key.
+SELECT {partition}.key, {partition}.head_id FROM {partition}
+WHERE head_state IN {claimable} AND head_due_at <= now()
+  AND EXISTS (SELECT 1 FROM {prefixes} q
+              WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix)
+ORDER BY head_id LIMIT %(limit)s

@@ -19,6 +19,8 @@ from feishu_inbox.models import EventJob, Status, job_as_dict
 from feishu_inbox.operators import Outcome
 from feishu_inbox.retention import purge
 from feishu_inbox.stats import stats as read_stats
+from feishu_inbox.task_admin import KINDS, in_queue, of_kind
+from feishu_inbox.task_jobs import APP as TASKS_APP
 
 log = logging.getLogger("feishu_inbox.operator")
 
@@ -76,10 +78,12 @@ class Command(BaseCommand):
         lst = sub.add_parser("list", help="List jobs, newest first.")
         lst.add_argument("--status", choices=[s.value for s in Status])
         lst.add_argument("--partition")
+        lst.add_argument("--kind", choices=sorted(KINDS), help="events, schedules or tasks")
+        lst.add_argument("--queue", help="django.tasks tasks of this queue")
         lst.add_argument("--limit", type=int, default=50)
         lst.add_argument("--json", action="store_true")
         show = sub.add_parser("show", help="One job with its payload and attempts.")
-        show.add_argument("id", type=int)
+        show.add_argument("id", help="a job id, or a django.tasks task result id")
         show.add_argument("--json", action="store_true")
         for name, (help_text, _, _) in OPERATOR_ACTIONS.items():
             action = sub.add_parser(name, help=help_text)
@@ -157,6 +161,10 @@ class Command(BaseCommand):
             jobs = jobs.filter(status=options["status"])
         if options["partition"]:
             jobs = jobs.in_partition(options["partition"])
+        if options["kind"]:
+            jobs = of_kind(jobs, options["kind"])
+        if options["queue"]:
+            jobs = in_queue(jobs, options["queue"])
         rows = [job_as_dict(j) for j in jobs[: max(options["limit"], 0)]]
         if options["json"]:
             self._print_json(rows)
@@ -168,7 +176,12 @@ class Command(BaseCommand):
             )
 
     def do_show(self, options: dict[str, Any]) -> None:
-        job = EventJob.objects.filter(pk=options["id"]).first()
+        key = str(options["id"])
+        job = (
+            EventJob.objects.filter(pk=int(key)).first()
+            if key.isdigit()
+            else EventJob.objects.filter(app=TASKS_APP, dedupe_key=key).first()
+        )
         if job is None:
             raise JobNotFound(f"There is no job {options['id']}.")
         data = job_as_dict(job, payload=True)

@@ -38,6 +38,14 @@ class Command(BaseCommand):
             default=30.0,
             help="on SIGTERM, how long running handlers may finish (30)",
         )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="run only django.tasks tasks of this queue (repeatable); default: every job "
+            "(Feishu events, schedules, tasks of every queue)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         package = logging.getLogger("feishu_inbox")
@@ -56,6 +64,12 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1.")
         if options["lease_seconds"] is not None and options["lease_seconds"] < 1:
             raise CommandError("--lease-seconds must be at least 1.")
+        bad = [q for q in options["queue"] if not q or ":" in q or len(q) > 64]
+        if bad:
+            raise CommandError(
+                f"--queue {bad[0]!r}: a queue name has 1 to 64 characters, without ':' "
+                "(as in TASKS[...]['QUEUES'])."
+            )
         try:
             worker = Worker(
                 WorkerOptions(
@@ -65,6 +79,7 @@ class Command(BaseCommand):
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
                     grace_seconds=options["grace_seconds"],
+                    queues=tuple(dict.fromkeys(options["queue"])),
                 )
             )
         except ConfigurationError as exc:

@@ -1,0 +1,83 @@
+"""The tasks framework this site has: Django 6's ``django.tasks``, else the ``django-tasks``
+backport of Django 5.2 (``pip install feishu-inbox[tasks]``). Both offer the same API under
+two package names; this module names what ``tasks.py`` and ``task_jobs.py`` use, from
+whichever is present (``django.tasks`` first).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import SimpleNamespace
+from typing import Any
+
+from .errors import ConfigurationError
+
+_loaded: list[Any] = []
+
+
+def framework() -> Any:
+    """The framework's names: Task, TaskResult, TaskResultStatus, TaskContext, TaskError,
+    BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, task_backends, the three signals,
+    normalize_json, get_module_path, and ``package`` (which one it is)."""
+    if not _loaded:
+        _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load() -> Any:
+    try:
+        base = import_module("django.tasks.base")
+    except ImportError:
+        return _backport()
+    backend = import_module("django.tasks.backends.base")
+    exceptions = import_module("django.tasks.exceptions")
+    signals = import_module("django.tasks.signals")
+    return SimpleNamespace(
+        package="django.tasks",
+        Task=base.Task,
+        TaskResult=base.TaskResult,
+        TaskResultStatus=base.TaskResultStatus,
+        TaskContext=base.TaskContext,
+        TaskError=base.TaskError,
+        BaseTaskBackend=backend.BaseTaskBackend,
+        InvalidTask=exceptions.InvalidTask,
+        TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
+        task_backends=import_module("django.tasks").task_backends,
+        task_enqueued=signals.task_enqueued,
+        task_started=signals.task_started,
+        task_finished=signals.task_finished,
+        normalize_json=import_module("django.utils.json").normalize_json,
+        get_module_path=lambda value: f"{value.__module__}.{value.__qualname__}",
+    )
+
+
+def _backport() -> Any:
+    try:
+        base = import_module("django_tasks.base")
+    except ImportError:
+        raise ConfigurationError(
+            "feishu_inbox.tasks needs Django's tasks framework: Django 6's django.tasks, or on "
+            "Django 5.2 the django-tasks backport, and neither is installed.",
+            fix="pip install 'feishu-inbox[tasks]' (or upgrade to Django 6).",
+        ) from None
+    backend = import_module("django_tasks.backends.base")
+    exceptions = import_module("django_tasks.exceptions")
+    signals = import_module("django_tasks.signals")
+    utils = import_module("django_tasks.utils")
+    return SimpleNamespace(
+        package="django_tasks",
+        Task=base.Task,
+        TaskResult=base.TaskResult,
+        TaskResultStatus=base.TaskResultStatus,
+        TaskContext=base.TaskContext,
+        TaskError=base.TaskError,
+        BaseTaskBackend=backend.BaseTaskBackend,
+        InvalidTask=exceptions.InvalidTaskError,
+        TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
+        task_backends=import_module("django_tasks").task_backends,
+        task_enqueued=signals.task_enqueued,
+        task_started=signals.task_started,
+        task_finished=signals.task_finished,
+        normalize_json=utils.normalize_json,
+        get_module_path=utils.get_module_path,
+    )
