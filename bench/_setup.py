@@ -19,9 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def fresh_postgres(name: str) -> str:
-    """Drop and create database ``name``; returns its URL."""
+    """Drop and create database ``name`` (plus $BENCH_DB_SUFFIX, so that checkouts on one
+    server do not drop each other's); returns its URL."""
     import psycopg
 
+    name += os.environ.get("BENCH_DB_SUFFIX", "")
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')

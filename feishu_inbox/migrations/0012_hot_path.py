@@ -1,0 +1,16 @@
+from django.db import migrations
+
+from feishu_inbox.store.migration import RunPostgresFunctions
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("feishu_inbox", "0009_schedules"),
+    ]
+
+    operations = [
+        RunPostgresFunctions(
+            "0012_hot_path.sql",
+            reverse_filename=("0012_hot_path.down.sql", "0007_cancel_and_attempts.sql"),
+        ),
+    ]

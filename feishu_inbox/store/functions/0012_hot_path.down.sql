@@ -1,0 +1,2 @@
+-- Undo 0012_hot_path.sql: nothing to drop (its functions keep their signatures); the
+-- migration then loads 0007_cancel_and_attempts.sql again, which replaces them.
