@@ -13,4 +13,8 @@ class Migration(migrations.Migration):
             "0012_hot_path.sql",
             reverse_filename=("0012_hot_path.down.sql", "0007_cancel_and_attempts.sql"),
         ),
+        RunPostgresFunctions(
+            "0012_partition_key_index.sql",
+            reverse_filename="0012_partition_key_index.down.sql",
+        ),
     ]

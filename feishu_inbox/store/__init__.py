@@ -12,7 +12,7 @@ database it runs on.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
@@ -53,6 +53,9 @@ class Store(Protocol):
         lease_seconds: float,
         limit: int,
     ) -> tuple[str | None, list[Row]]: ...
+    def finish_together(
+        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+    ) -> list[tuple[str | None, list[Row]]]: ...
 
     # the lease holder's other calls
     def renew(self, fence: Fence, lease_seconds: float) -> datetime | None: ...

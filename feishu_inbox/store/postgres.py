@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -28,7 +28,7 @@ _NOT_FOR_LISTEN = ("cursor_factory", "context", "prepare_threshold", "client_enc
 #: The statements a worker or the webhook sends for every job: prepared on the server. Sent as
 #: text, each one cost PostgreSQL a parse and a plan per job (9% of its CPU per job); prepared,
 #: a no-op job runs about 1.5 times as fast (bench/worker.py).
-PREPARED = frozenset({"enqueue", "claim", "end_attempt", "finish_and_claim"})
+PREPARED = frozenset({"enqueue", "claim", "end_attempt", "finish_and_claim", "finish_together"})
 #: psycopg's prepare_threshold that prepares a statement only when its execute says so.
 _ONLY_WHEN_ASKED = 2**31 - 1
 
@@ -161,6 +161,26 @@ class PostgresStore(SqlStore):
         status = found[0]["ended_status"]
         claimed = [r for r in found if r["id"] is not None]  # LEFT JOIN: NULLs when none
         return (None if status is None else str(status)), claimed
+
+    def finish_together(
+        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+    ) -> list[tuple[str | None, list[Row]]]:
+        found = self.rows(
+            "finish_together",
+            {
+                "worker_id": finishes[0][0].worker_id,
+                "job_ids": [f.job_id for f, _, _ in finishes],
+                "tokens": [f.token for f, _, _ in finishes],
+                "partition_keys": [f.partition_key for f, _, _ in finishes],
+                "error_types": [error_type for _, error_type, _ in finishes],
+                "new_tokens": [token for _, _, token in finishes],
+                "lease_seconds": lease_seconds,
+            },
+        )
+        return [
+            (r["ended_status"], [] if r["id"] is None else [r])
+            for r in found  # one row per finish, in their order
+        ]
 
     def estimate_jobs(self) -> int | None:
         return int(self.rows("estimate_jobs")[0]["n"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -168,3 +168,15 @@ class SqliteStore(SqlStore):
             if status is None or limit < 1:
                 return status, []
             return status, self._claim(fence.worker_id, token, lease_seconds, limit)
+
+    def finish_together(
+        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+    ) -> list[tuple[str | None, list[Row]]]:
+        # One transaction (one commit) for all, as PostgreSQL's one statement.
+        with self.transaction():
+            return [
+                self.finish_and_claim(
+                    fence, error, token=token, lease_seconds=lease_seconds, limit=int(bool(token))
+                )
+                for fence, error, token in finishes
+            ]

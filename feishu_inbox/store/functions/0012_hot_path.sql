@@ -13,6 +13,7 @@
 --   plan reads the partial index feishu_inbox_job_unresolved (partition_key, id) WHERE NOT
 --   completed, whose first entry for the key is the answer whatever the statuses of the
 --   partition's other jobs (tests/test_plans.py holds both plans at 200,000 waiting jobs).
+-- * feishu_inbox_finish_together (new): several finishes and their claims in one statement.
 
 CREATE OR REPLACE FUNCTION feishu_inbox_end_attempt(
     p_id bigint, p_worker text, p_token text, p_key text, p_fail boolean,
@@ -123,5 +124,38 @@ BEGIN
         WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
         RETURNING {job}.*;
     END IF;
+END
+$$;
+
+-- feishu_inbox_finish_together: the finishes of a worker's slots that ended together, and
+-- each one's next claim, in one statement and one commit (the worker sends them together when
+-- they end while another finish of its is being written). Each finish is fenced on its own,
+-- by feishu_inbox_end_attempt: one whose lease was lost ends NULL, claims nothing and changes
+-- nothing, and the others go on. Partition rows are locked in key order (as everywhere: the
+-- lock order is partition, then job); the claims come after every finish, each with its own
+-- token (p_new_tokens; '' claims nothing), so a worker whose reply was lost finds each
+-- slot's job by its token (claimed_with). One row per finish, in the order given.
+CREATE OR REPLACE FUNCTION feishu_inbox_finish_together(
+    p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[],
+    p_new_tokens text[], p_lease float8
+) RETURNS TABLE (finished_id bigint, ended_status text, claimed {job})
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    v_status text[] := array_fill(NULL::text, ARRAY[cardinality(p_ids)]);
+BEGIN
+    FOR i IN SELECT k.n FROM unnest(p_keys) WITH ORDINALITY AS k(key, n) ORDER BY k.key LOOP
+        v_status[i] := feishu_inbox_end_attempt(p_ids[i], p_worker, p_tokens[i], p_keys[i],
+            FALSE, p_error_types[i], '', 0, 0);
+    END LOOP;
+    FOR i IN 1 .. cardinality(p_ids) LOOP
+        finished_id := p_ids[i];
+        ended_status := v_status[i];
+        claimed := NULL;
+        IF v_status[i] IS NOT NULL AND p_new_tokens[i] <> '' THEN
+            SELECT * INTO claimed FROM feishu_inbox_claim(p_worker, p_new_tokens[i], p_lease, 1);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
