@@ -73,38 +73,37 @@ class FinishGroup:
     def finish(self, mine: Finish) -> Finished:
         with self._changed:
             self._waiting.append(mine)
-            while self._settled(mine) is None and self._writing >= self._in_flight:
+            while not self._settled(mine) and self._writing >= self._in_flight:
                 self._changed.wait()
             batch: list[Finish] = []
-            if self._settled(mine) is None:  # nobody took mine: write what waits, mine too
+            if not self._settled(mine):  # nobody took mine: write what waits, mine too
                 batch, self._waiting = self._waiting, []
                 self._writing += 1
         if batch:
             try:
+                if batch == [mine]:  # alone, as always, and in flight meanwhile
+                    return mine.alone(False)
                 self._write(batch)
             finally:
                 with self._changed:
                     self._writing -= 1
-                    for finish in batch:  # not settled only if writing it raised: retry alone
-                        if self._settled(finish) is None:
+                    for finish in batch:  # unsettled if writing it raised: each retries alone
+                        if finish is not mine and not self._settled(finish):
                             finish.alone_retrying = True
                     self._changed.notify_all()
         with self._changed:
-            while self._settled(mine) is None:
+            while not self._settled(mine):
                 self._changed.wait()
         if mine.done is not None:
             return mine.done
         return mine.alone(bool(mine.alone_retrying))
 
     @staticmethod
-    def _settled(finish: Finish) -> bool | None:
-        return None if finish.done is None and finish.alone_retrying is None else True
+    def _settled(finish: Finish) -> bool:
+        return finish.done is not None or finish.alone_retrying is not None
 
     def _write(self, batch: list[Finish]) -> None:
         """Write a batch; each of its finishes is then done, or told to finish alone."""
-        if len(batch) == 1:
-            self._settle(batch, retrying=False)  # alone, as always: no batch of one
-            return
         try:
             ended = finish_together(
                 [(f.lease, f.error_type, f.token) for f in batch],

@@ -141,3 +141,33 @@ def test_a_finish_alone_never_waits_and_a_failed_batch_is_retried_alone(
     _gathered(group, [_finish(i, alone) for i in (1, 2)])
     assert len(recorder.batches) == 1
     assert sorted(alone) == [(1, True), (2, True)]  # the batch may have landed: retries
+
+
+def test_finishes_gather_while_one_is_written_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finish written alone counts as in flight: those that end meanwhile go together."""
+    recorder = _Recorder()
+    monkeypatch.setattr(finishing, "finish_together", recorder)
+    group = FinishGroup(60)
+    writing, release = threading.Event(), threading.Event()
+
+    def slow_alone(retrying: bool) -> tuple[str, list[ledger.ClaimedJob]]:
+        writing.set()
+        release.wait(10)
+        return "completed", []
+
+    first = Finish(ledger.Lease(7, "w", "t", "c7", 1), "", "", slow_alone)
+    leader = threading.Thread(target=group.finish, args=(first,))
+    leader.start()
+    writing.wait(10)
+    alone: list[tuple[int, bool]] = []
+    others = [threading.Thread(target=group.finish, args=(_finish(i, alone),)) for i in (1, 2)]
+    for t in others:
+        t.start()
+    while True:
+        with group._changed:
+            if len(group._waiting) == 2:
+                break
+    release.set()
+    for t in (leader, *others):
+        t.join(10)
+    assert [sorted(b) for b in recorder.batches] == [[1, 2]] and alone == []
