@@ -171,3 +171,29 @@ def test_finishes_gather_while_one_is_written_alone(monkeypatch: pytest.MonkeyPa
     for t in (leader, *others):
         t.join(10)
     assert [sorted(b) for b in recorder.batches] == [[1, 2]] and alone == []
+
+
+@pytest.mark.parametrize("earlier", ["retry_wait", "failed", "unknown", "queued", "cancelled"])
+def test_the_new_head_is_the_first_unresolved_job_whatever_came_before(earlier: str) -> None:
+    """The end of an attempt finds the partition's new head by the first non-completed job of
+    the whole partition, not the first after the job that ended: it needs no proof that every
+    earlier job is completed. Forced here: a job runs while an earlier one is unresolved (or
+    cancelled, that is completed); when it finishes, the head is that earlier job (or, after a
+    cancelled one, the next)."""
+    for name in ("a", "b", "c"):
+        ledger.enqueue(event_id=name, event_type="t", partition_key="p", payload={})
+    a, b, c = EventJob.objects.order_by("id")
+    if earlier == "cancelled":
+        EventJob.objects.filter(id=a.id).update(status="completed", error_type="Cancelled")
+    else:
+        EventJob.objects.filter(id=a.id).update(status=earlier)
+    Partition.objects.filter(key="p").update(head_id=b.id)  # as if b were the head
+    [job] = ledger.claim("w")
+    assert job.id == b.id
+    assert ledger.finish(job.lease) == "completed"
+    part = Partition.objects.get(key="p")
+    if earlier == "cancelled":
+        assert (part.head_id, part.head_state) == (c.id, "queued")
+    else:
+        assert (part.head_id, part.head_state) == (a.id, earlier)
+    assert_mirror_consistent()

@@ -67,9 +67,14 @@ BEGIN
     SELECT id, attempt, worker_id, COALESCE(claimed_at, now()), now(), status, error_type,
            error_message, p_token
     FROM {job} WHERE id = p_id;
-    -- resync_head: the first non-completed job of the partition (any status: a failed or
-    -- unknown head blocks its partition, a retry_wait head waits for its time). Static, so
-    -- its plan is cached; the order matches the partial index (partition_key, id).
+    -- resync_head: the first non-completed job of the whole partition, by definition of the
+    -- head, so it needs no proof about the jobs before p_id: whatever they are (retry_wait,
+    -- failed, unknown: still unresolved, the head goes back to them; cancelled or superseded
+    -- private messages: completed, skipped; a replayed job moved to a new id; a job with steps
+    -- or a schedule's job, which are ordinary jobs), the answer is the same as resync_head's in
+    -- common.sql (tests/test_finishing.py forces each case). Static, so its plan is cached;
+    -- the order matches the partial index (partition_key, id), whose first entry for the key
+    -- is the answer (tests/test_plans.py).
     SELECT j.id, j.status, j.available_at INTO v_head, v_head_state, v_head_due
     FROM {job} j
     WHERE j.partition_key = p_key AND NOT (j.status = '{completed}')
