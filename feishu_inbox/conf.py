@@ -39,6 +39,11 @@ class InboxSettings:
     #: Workers purge by themselves, one at a time, at most this often (seconds); ``None``
     #: leaves retention to ``manage.py inbox purge`` run from cron.
     PURGE_INTERVAL: float | None = 300.0
+    #: PostgreSQL: prepare the statements sent for every job (enqueue, claim, end of attempt)
+    #: on the server, so each connection parses and plans them once. Set False behind a
+    #: connection pooler that cannot keep prepared statements (PgBouncer before 1.21 in
+    #: transaction mode, or with max_prepared_statements = 0).
+    PREPARE_STATEMENTS: bool = True
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.

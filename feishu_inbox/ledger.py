@@ -425,13 +425,6 @@ def hand_back(lease: Lease, *, retrying: bool = False) -> str:
     raise _lease_lost(lease, "hand back")
 
 
-def should_interrupt(lease: Lease, *, private_message: bool) -> bool:
-    """True when this private job should stop at its next checkpoint (SPEC §4)."""
-    if not private_message or not checked_settings().INTERRUPT_PRIVATE:
-        return False
-    return store().newer_private_waiting(lease.partition_key, lease.job_id)
-
-
 @dataclass(frozen=True)
 class Signals:
     """What a worker should tell a running job's handler at its next checkpoint."""

@@ -131,26 +131,31 @@ class EventJob(models.Model):
                 name="feishu_inbox_job_status_valid",
             ),
         ]
+        # Each index names the queries that read it (store/*.sql, admin). No per-job update is
+        # HOT: claim and finish change status, which every partial index's predicate names.
         indexes = [
-            # Next non-completed job of a partition (advance head, supersede check).
+            # Next non-completed job of a partition: resync_head and the head lookup of
+            # feishu_inbox_end_attempt, next_is_private / newer_private_waiting (supersede).
             models.Index(
                 fields=["partition_key", "id"],
                 name="feishu_inbox_job_unresolved",
                 condition=~Q(status=Status.COMPLETED),
             ),
-            # Lease-expiry scan touches only running jobs.
+            # expired_leases: the lease-expiry scan touches only running jobs.
             models.Index(
                 fields=["lease_until"],
                 name="feishu_inbox_job_lease",
                 condition=Q(status=Status.RUNNING),
             ),
-            # Retention purge of completed jobs.
+            # completed_past_retention: the retention purge of completed jobs.
             models.Index(
                 fields=["finished_at"],
                 name="feishu_inbox_job_finished",
                 condition=Q(status=Status.COMPLETED),
             ),
+            # count_unresolved, due_and_delayed, the admin's status filter (newest first).
             models.Index(fields=["status", "id"], name="feishu_inbox_job_status"),
+            # The admin's search by event id, replay_duplicate.
             models.Index(fields=["event_id"], name="feishu_inbox_job_event_id"),
             # Admin search by partition key prefix (PostgreSQL; LIKE 'x%' needs pattern ops).
             models.Index(
@@ -183,6 +188,8 @@ class PartitionState(models.TextChoices):
 
 
 class Partition(models.Model):
+    #: Found by equality only: on PostgreSQL migration 0012 drops the varchar_pattern_ops index
+    #: Django adds beside this primary key (no query reads it; every head change paid for it).
     key = models.CharField(max_length=255, primary_key=True)
     #: id of the first non-completed job, or NULL when the partition is idle.
     head_id = models.BigIntegerField(null=True, blank=True)

@@ -43,6 +43,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from . import handlers, ledger, openapi, retention, scheduler, schedules, task_jobs
 from .conf import checked_settings
 from .errors import Cancelled, InvalidState, LeaseLost, Superseded
+from .finishing import Finish, FinishGroup
 from .retry import RetryAt
 from .stats import database_now, seconds_until_wakeup
 from .store import store
@@ -222,6 +223,7 @@ class Worker:
         self._schedules_changed = threading.Event()  # a schedule was paused or resumed
         self._warned_no_handler: set[str] = set()
         self._slots = _Slots(self._wake)
+        self._finishes = FinishGroup(self.lease_seconds)
         self._pool = _Pool()
         self._async = _AsyncRunner()
         self._listening = False
@@ -405,26 +407,37 @@ class Worker:
     def _finish(
         self, ctx: handlers.JobContext, *, superseded: bool = False, note: str = ""
     ) -> tuple[str, handlers.JobContext | None]:
-        """Finish the job and, on the same round trip, claim this slot's next one."""
+        """Finish the job and, on the same round trip, claim this slot's next one; with the
+        finishes of other slots that end meanwhile (``finishing``)."""
         ctx.ensure_alive()
         reserved = 0 if self._stop.is_set() else self._slots.reserve(self.options.max_jobs)
         token = ledger.new_token()  # the same for every try: a lost reply's jobs are found
         sent = time.monotonic()
-        try:
-            status, jobs = handlers.write(
+
+        def alone(retrying: bool) -> tuple[str, list[ledger.ClaimedJob]]:
+            return handlers.write(
                 ctx,
                 "finish",
-                lambda retrying: ledger.finish_and_claim(
+                lambda again: ledger.finish_and_claim(
                     ctx.lease,
                     limit=reserved,
                     lease_seconds=self.lease_seconds,
                     superseded=superseded,
                     note=note,
                     token=token,
-                    retrying=retrying,
+                    retrying=retrying or again,
                     key_prefixes=self.key_prefixes,
                 ),
             )
+
+        error_type = "Superseded" if superseded else note  # as ledger.finish writes it
+        try:
+            if self.key_prefixes:  # a batch's claims know no queue filter: this one goes alone
+                status, jobs = alone(False)
+            else:
+                status, jobs = self._finishes.finish(
+                    Finish(ctx.lease, error_type, token if reserved else "", alone)
+                )
         except BaseException:
             self._slots.unreserve(reserved)
             raise

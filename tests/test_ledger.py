@@ -537,15 +537,21 @@ def test_next_wakeup_is_the_earliest_due_head_or_lease_expiry() -> None:
     assert next_wakeup() == EventJob.objects.get(pk=claimed.id).lease_until
 
 
-def test_should_interrupt_only_for_private_followed_by_private() -> None:
+def test_only_a_private_job_followed_by_a_private_message_is_superseded() -> None:
     EventJobFactory(partition_key="dm", private_message=True)
-    lease = claim_one().lease
-    assert not ledger.should_interrupt(lease, private_message=True)
+    EventJobFactory(partition_key="group", private_message=False)
+    private, group = claim_one().lease, claim_one().lease
+
+    def superseded(lease: ledger.Lease) -> bool:
+        return ledger.signals([lease])[lease.job_id].superseded
+
+    assert not superseded(private)
     EventJobFactory(partition_key="dm", private_message=True)
-    assert ledger.should_interrupt(lease, private_message=True)
-    assert not ledger.should_interrupt(lease, private_message=False)
+    EventJobFactory(partition_key="group", private_message=True)
+    assert superseded(private)
+    assert not superseded(group)
     with override_settings(FEISHU_INBOX={"INTERRUPT_PRIVATE": False}):
-        assert not ledger.should_interrupt(lease, private_message=True)
+        assert not superseded(private)
 
 
 def test_stats_counts_states_due_delayed_and_blocked() -> None:

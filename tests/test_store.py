@@ -120,7 +120,7 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005 and 0010 load their function files; migrating back drops them, forward
+    """0002, 0005, 0010 and 0012 load their function files; migrating back drops them, forward
     again creates them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
@@ -134,13 +134,15 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_end_attempt",
         "feishu_inbox_now_plus",
         "feishu_inbox_claim_prefixed",
+        "feishu_inbox_finish_together",
     }
     assert functions() == expected
     try:
         call_command("migrate", "feishu_inbox", "0009", verbosity=0)
-        assert functions() == expected - {"feishu_inbox_claim_prefixed"}
+        new = {"feishu_inbox_claim_prefixed", "feishu_inbox_finish_together"}
+        assert functions() == expected - new
         call_command("migrate", "feishu_inbox", "0004", verbosity=0)
-        assert functions() == expected - {"feishu_inbox_now_plus", "feishu_inbox_claim_prefixed"}
+        assert functions() == expected - new - {"feishu_inbox_now_plus"}
         call_command("migrate", "feishu_inbox", "0001", verbosity=0)
         assert functions() == set()
     finally:

@@ -223,12 +223,6 @@ class SqlStore:
     def lease_state(self, job_id: int) -> Row | None:
         return self.row("lease_state", {"job_id": job_id})
 
-    def newer_private_waiting(self, partition_key: str, job_id: int) -> bool:
-        found = self.row(
-            "newer_private_waiting", {"partition_key": partition_key, "job_id": job_id}
-        )
-        return bool(found and found["private_message"])
-
     # --- recovery, operators, retention ----------------------------------------------------
 
     def expire_leases(self, *, max_attempts: int, limit: int) -> list[Row]:

@@ -90,10 +90,6 @@ SELECT status, worker_id, lease_token, lease_until <= now() AS expired, cancel_r
        idempotent_until <= now() AS window_passed
 FROM {job} WHERE id = %(job_id)s
 
--- newer_private_waiting --
--- Is the next unresolved job of this partition a private message? (SPEC §4 supersede)
-SELECT {next_is_private} AS private_message
-
 -- job_partition --
 -- The partition of a job (an operator action locks it before the job).
 SELECT partition_key FROM {job} WHERE id = %(job_id)s

@@ -139,7 +139,6 @@ SQL_NAMES: dict[str, str] = {
     "idle": IDLE,
     "claimable": f"('{QUEUED}', '{RETRY_WAIT}')",
     "unresolved": UNRESOLVED,
-    "next_is_private": NEXT_IS_PRIVATE,
     # SPEC §4: a private job is superseded when the next unresolved job of its chat is a
     # private message too (and the site lets private messages interrupt).
     "superseded": (

@@ -200,3 +200,15 @@ class SqliteStore(SqlStore):
             if status is None or limit < 1:
                 return status, []
             return status, self._claim(fence.worker_id, token, lease_seconds, limit, key_prefixes)
+
+    def finish_together(
+        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+    ) -> list[tuple[str | None, list[Row]]]:
+        # One transaction (one commit) for all, as PostgreSQL's one statement.
+        with self.transaction():
+            return [
+                self.finish_and_claim(
+                    fence, error, token=token, lease_seconds=lease_seconds, limit=int(bool(token))
+                )
+                for fence, error, token in finishes
+            ]

@@ -1,0 +1,150 @@
+"""The plans PostgreSQL caches for the hot path, read from inside the stored functions.
+
+A PL/pgSQL statement is planned for its first five calls with the parameters' values (custom
+plans); from then on PostgreSQL keeps one generic plan if it costs no more. These tests run the
+functions as a worker does, at 200,000 waiting jobs, and read the plan of the seventh call with
+auto_explain (log_nested_statements, at NOTICE level: the plans come back to this connection):
+it must be the cached generic one (parameters shown as $1, not values) and stay on the partial
+indexes, never scanning the backlog.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from feishu_inbox.store.schema import JOB_TABLE, PARTITION_TABLE
+
+# Committed data and new connections: each test's session starts with no plan cached.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
+
+WAITING = 200_000
+CHATS = 1_000
+
+_COLUMNS = (
+    "app, event_id, event_type, dedupe_key, partition_key, private_message, payload, status, "
+    "attempt, received_at, available_at, worker_id, lease_token, effects_in_flight, "
+    "side_effect_started, effect_uncertain, cancel_requested, has_steps, error_type, "
+    "error_message, resolution"
+)
+
+
+def _fill(*, stale: bool = False) -> None:
+    """A chat whose failed head blocks 200,000 queued jobs; 1,000 chats with three queued jobs
+    each; 100,000 completed jobs. Inserted directly (set-up only), then analysed; ``stale``:
+    the job table analysed while only the blocked chat was there (one distinct key, as in
+    bench/claim_backlog.py), the worst statistics for the head lookup."""
+    insert = (
+        f"INSERT INTO {JOB_TABLE} ({_COLUMNS}) SELECT 'default', 'e' || g, 't', 'e' || g, "
+        "CASE WHEN g <= %(waiting)s THEN 'blocked' ELSE 'chat-' || (g %% %(chats)s) END, "
+        "FALSE, '{}'::jsonb, CASE WHEN g = 1 THEN 'failed' "
+        "WHEN g > %(waiting)s + 3 * %(chats)s THEN 'completed' ELSE 'queued' END, "
+        "CASE WHEN g = 1 THEN 1 ELSE 0 END, now(), now(), '', '', 0, FALSE, FALSE, FALSE, "
+        "FALSE, '', '', '' FROM generate_series(%(first)s, %(last)s) g"
+    )
+    sizes = {"waiting": WAITING, "chats": CHATS}
+    with connection.cursor() as cur:
+        cur.execute(insert, {**sizes, "first": 1, "last": WAITING})
+        if stale:
+            cur.execute(f"ANALYZE {JOB_TABLE}")
+        cur.execute(insert, {**sizes, "first": WAITING + 1, "last": WAITING + 3 * CHATS + 100000})
+        cur.execute(
+            f"INSERT INTO {PARTITION_TABLE} (key, head_id, head_state, head_due_at) "
+            "SELECT DISTINCT ON (partition_key) partition_key, id, status, available_at "
+            f"FROM {JOB_TABLE} WHERE status <> 'completed' ORDER BY partition_key, id"
+        )
+        cur.execute(f"ANALYZE {PARTITION_TABLE}" if stale else "ANALYZE")
+    connection.close()  # a new session: no plan cached yet
+
+
+@contextmanager
+def nested_plans() -> Iterator[list[str]]:
+    """The plans of every statement run inside functions, as auto_explain reports them."""
+    plans: list[str] = []
+    connection.ensure_connection()
+    raw = connection.connection
+
+    def keep(diagnostic: object) -> None:
+        plans.append(str(getattr(diagnostic, "message_primary", "")))
+
+    with connection.cursor() as cur:
+        cur.execute("LOAD 'auto_explain'")
+        for setting, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_verbose", "on"),
+            ("auto_explain.log_level", "notice"),
+            ("client_min_messages", "notice"),
+        ):
+            cur.execute("SELECT set_config(%s, %s, false)", [setting, value])
+    raw.add_notice_handler(keep)
+    try:
+        yield plans
+    finally:
+        raw.remove_notice_handler(keep)
+        with connection.cursor() as cur:
+            cur.execute("SELECT set_config('auto_explain.log_min_duration', '-1', false)")
+
+
+def _plan_of(plans: list[str], marker: str) -> str:
+    found = [p for p in plans if marker in p and "Query Text" in p]
+    assert found, f"no plan with {marker!r} among {len(plans)}"
+    return found[-1]
+
+
+def _claim_and_finish_seven_times() -> tuple[list[str], list[str]]:
+    """The plans of the claim and of the head lookup, call by call (one new session)."""
+    claims, heads = [], []
+    try:
+        for i in range(7):  # five custom plans, then the cached one
+            with nested_plans() as plans, connection.cursor() as cur:
+                cur.execute(
+                    "SELECT id, partition_key FROM feishu_inbox_claim('w', %s, 60, 1)", [f"t{i}"]
+                )
+                job_id, key = cur.fetchone()
+                cur.execute(
+                    "SELECT feishu_inbox_end_attempt(%s, 'w', %s, %s, FALSE, '', '', 0, 0)",
+                    [job_id, f"t{i}", key],
+                )
+                assert cur.fetchone()[0] == "completed"
+            claims.append(_plan_of(plans, "WITH picked AS"))
+            heads.append(_plan_of(plans, "SELECT j.id, j.status, j.available_at"))
+    finally:
+        connection.close()  # its session's settings and plans go with it
+    return claims, heads
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["analysed", "one-chat-statistics"])
+def test_cached_plans_of_claim_and_end_attempt_stay_on_the_partial_indexes(stale: bool) -> None:
+    _fill(stale=stale)
+    claims, heads = _claim_and_finish_seven_times()
+    # The first calls are planned with their values; the seventh runs the cached plan, where
+    # the worker's id and token (claim) and the chat (head) are parameters.
+    assert "'w'::" in claims[0] and "'w'::" not in claims[-1], claims[-1]
+    assert re.search(r"\$1, \$2\b", claims[-1]), claims[-1]
+    assert "'chat-" in heads[0], heads[0]
+    assert re.search(r"\(j\.partition_key\)::text >= \$\d+\)", heads[-1]), heads[-1]
+    claim, head = claims[-1], heads[-1]
+    # The claim reads the claimable heads' partial index in head order, never the backlog.
+    assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
+    assert "Seq Scan" not in claim, claim
+    # The new head: the first entry of the chat in the partial index of unresolved jobs.
+    assert "Index Scan using feishu_inbox_job_unresolved" in head, head
+    assert "Seq Scan" not in head and "Sort" not in head, head
+
+
+def test_a_claim_of_several_is_still_planned_for_its_limit() -> None:
+    """LIMIT p_limit stays planned per call: a generic plan would guess the limit and scan
+    every partition; with its value the plan reads the claimable index."""
+    _fill()
+    with nested_plans() as plans, connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM feishu_inbox_claim('w', 't', 60, 4)")
+        assert cur.fetchone()[0] == 4
+    connection.close()
+    claim = _plan_of(plans, "WITH picked AS")
+    assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
+    assert "Seq Scan on public.feishu_inbox_partition" not in claim.split("CTE part")[0], claim
