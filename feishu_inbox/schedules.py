@@ -341,7 +341,8 @@ def load_settings() -> None:
     """Declare the schedules of ``FEISHU_INBOX["SCHEDULES"]`` (``apps.ready`` calls this).
 
     Each is ``name -> {"cron", "handler": "dotted.path", "tz", "catch_up", "max_catch_up",
-    "partition"}``; a handler that cannot be imported is a problem like any other.
+    "partition"}``; the path names a function (it receives the ``Event``) or a ``django.tasks``
+    task (run with no arguments). A handler that cannot be imported is a problem like any other.
     """
     from django.utils.module_loading import import_string
 
@@ -377,6 +378,10 @@ def load_settings() -> None:
         except (ImportError, TypeError, ValueError) as exc:
             _problems.append(f"{here}: handler {entry['handler']!r} cannot be imported ({exc})")
             continue
+        target, retry, problem = _task_target(target)
+        if problem:
+            _problems.append(f"{here}: {problem}")
+            continue
         declare(
             name,
             entry["cron"],
@@ -386,7 +391,32 @@ def load_settings() -> None:
             max_catch_up=entry.get("max_catch_up", 10),
             partition=entry.get("partition"),
             origin=f"{where} -> {entry['handler']}",
+            retry=retry,
         )
+
+
+def _task_target(target: Any) -> tuple[Any, RetryPolicy | None, str]:
+    """A ``django.tasks`` task named by the settings runs, at each occurrence, as the schedule's
+    job (its leases, effects, steps; the task's own ``@retry`` policy), with no arguments:
+    ``(what runs, its retry policy, the problem)``; anything else is returned as it is."""
+    try:
+        from . import task_framework
+
+        task_class = task_framework.framework().Task
+    except (ImportError, ConfigurationError):  # no tasks framework installed: not a task
+        return target, None, ""
+    if not isinstance(target, task_class):
+        return target, None, ""
+    if target.takes_context:
+        return target, None, "a scheduled task cannot take a context (takes_context=True)"
+    from .tasks import retry_policy_of
+
+    def run(event: Any) -> Any:
+        return target.call()
+
+    run.__module__ = target.func.__module__
+    run.__name__ = run.__qualname__ = target.func.__name__
+    return run, retry_policy_of(target), ""
 
 
 def declared() -> dict[str, ScheduleSpec]:

@@ -99,6 +99,14 @@ def retry(policy: RetryPolicy) -> Callable[[F], F]:
     return mark
 
 
+def retry_policy_of(task: Any) -> RetryPolicy:
+    """The task's ``@retry`` policy, else the tasks' default (run once)."""
+    from . import task_jobs
+
+    policy: RetryPolicy = getattr(task.func, _RETRY_ATTRIBUTE, None) or task_jobs.DEFAULT_POLICY
+    return policy
+
+
 class LedgerBackend(_BaseTaskBackend):
     """Tasks are ledger jobs: enqueued in the caller's transaction, run by ``runworker``."""
 
@@ -148,7 +156,7 @@ class LedgerBackend(_BaseTaskBackend):
                 f"(partition key {len(partition)} > {_PARTITION_LIMIT} characters).",
                 fix="Use a shorter ordering key (an id, not a description).",
             )
-        policy = getattr(task.func, _RETRY_ATTRIBUTE, None) or task_jobs.DEFAULT_POLICY
+        policy = retry_policy_of(task)
         task_jobs.enqueue(
             result_id=result_id,
             task_path=task.module_path,

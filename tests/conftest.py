@@ -52,6 +52,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(schedules, "_problems", [])
     monkeypatch.setattr(handlers, "_registry", {k: list(v) for k, v in handlers._registry.items()})
     monkeypatch.setattr(handlers, "_problems", list(handlers._problems))
+    monkeypatch.setattr(handlers, "_policies", dict(handlers._policies))
     yield
 
 

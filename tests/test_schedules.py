@@ -106,6 +106,24 @@ def test_settings_declare_a_schedule_of_a_dotted_path_callable() -> None:
 
 
 @pytest.mark.usefixtures("registry")
+def test_settings_declare_a_schedule_of_a_task_run_with_its_own_retry_policy() -> None:
+    entries = {
+        "report": {"cron": "0 3 * * *", "handler": "tests.worker_tasks.nightly_report"},
+        "context": {"cron": "0 3 * * *", "handler": "tests.worker_tasks.with_context"},
+    }
+    with override_settings(FEISHU_INBOX={"SCHEDULES": entries}):
+        schedules.load_settings()
+    assert schedules.problems() == [
+        "FEISHU_INBOX[\"SCHEDULES\"]['context']: a scheduled task cannot take a context "
+        "(takes_context=True)"
+    ]
+    assert set(schedules.declared()) == {"report"}
+    run = handlers.registered()["schedule.report"]
+    assert run(None) == "report sent"  # the occurrence's job runs the task itself
+    assert handlers.policy_for("schedule.report").attempts == 2
+
+
+@pytest.mark.usefixtures("registry")
 def test_bad_settings_schedules_are_listed() -> None:
     bad = {
         "typo": {"cron": "0 3 * * *", "handler": "tests.schedule_helpers.noop", "tzz": "UTC"},

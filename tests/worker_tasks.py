@@ -44,6 +44,13 @@ def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 @task
+@retry(RetryPolicy(attempts=2, backoff="fixed", delay=1, jitter=False))
+def nightly_report() -> str:
+    """What a schedule declared in settings runs (tests/test_schedules.py)."""
+    return "report sent"
+
+
+@task
 def fail(message: str) -> None:
     raise ValueError(message)
 
