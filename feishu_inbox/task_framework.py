@@ -26,26 +26,12 @@ def framework() -> Any:
 
 def _load() -> Any:
     try:
-        base = import_module("django.tasks.base")
+        import_module("django.tasks.base")
     except ImportError:
         return _backport()
-    backend = import_module("django.tasks.backends.base")
-    exceptions = import_module("django.tasks.exceptions")
-    signals = import_module("django.tasks.signals")
-    return SimpleNamespace(
-        package="django.tasks",
-        Task=base.Task,
-        TaskResult=base.TaskResult,
-        TaskResultStatus=base.TaskResultStatus,
-        TaskContext=base.TaskContext,
-        TaskError=base.TaskError,
-        BaseTaskBackend=backend.BaseTaskBackend,
-        InvalidTask=exceptions.InvalidTask,
-        TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
-        task_backends=import_module("django.tasks").task_backends,
-        task_enqueued=signals.task_enqueued,
-        task_started=signals.task_started,
-        task_finished=signals.task_finished,
+    return _names(
+        "django.tasks",
+        invalid_task="InvalidTask",
         normalize_json=import_module("django.utils.json").normalize_json,
         get_module_path=lambda value: f"{value.__module__}.{value.__qualname__}",
     )
@@ -53,31 +39,43 @@ def _load() -> Any:
 
 def _backport() -> Any:
     try:
-        base = import_module("django_tasks.base")
+        import_module("django_tasks.base")
     except ImportError:
         raise ConfigurationError(
             "feishu_inbox.tasks needs Django's tasks framework: Django 6's django.tasks, or on "
             "Django 5.2 the django-tasks backport, and neither is installed.",
             fix="pip install 'feishu-inbox[tasks]' (or upgrade to Django 6).",
         ) from None
-    backend = import_module("django_tasks.backends.base")
-    exceptions = import_module("django_tasks.exceptions")
-    signals = import_module("django_tasks.signals")
     utils = import_module("django_tasks.utils")
+    return _names(
+        "django_tasks",
+        invalid_task="InvalidTaskError",
+        normalize_json=utils.normalize_json,
+        get_module_path=utils.get_module_path,
+    )
+
+
+def _names(
+    package: str, *, invalid_task: str, normalize_json: Any, get_module_path: Any
+) -> SimpleNamespace:
+    """The same names from either package (only where they differ are they passed in)."""
+    base = import_module(f"{package}.base")
+    exceptions = import_module(f"{package}.exceptions")
+    signals = import_module(f"{package}.signals")
     return SimpleNamespace(
-        package="django_tasks",
+        package=package,
         Task=base.Task,
         TaskResult=base.TaskResult,
         TaskResultStatus=base.TaskResultStatus,
         TaskContext=base.TaskContext,
         TaskError=base.TaskError,
-        BaseTaskBackend=backend.BaseTaskBackend,
-        InvalidTask=exceptions.InvalidTaskError,
+        BaseTaskBackend=import_module(f"{package}.backends.base").BaseTaskBackend,
+        InvalidTask=getattr(exceptions, invalid_task),
         TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
-        task_backends=import_module("django_tasks").task_backends,
+        task_backends=import_module(package).task_backends,
         task_enqueued=signals.task_enqueued,
         task_started=signals.task_started,
         task_finished=signals.task_finished,
-        normalize_json=utils.normalize_json,
-        get_module_path=utils.get_module_path,
+        normalize_json=normalize_json,
+        get_module_path=get_module_path,
     )
