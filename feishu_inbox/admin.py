@@ -45,6 +45,19 @@ STATUS_COLOURS: dict[str, str] = {
 COUNT_CAP = 10_000
 
 
+class ReadOnly:
+    """Operators change the ledger only through its actions, never by editing its rows."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class CappedCountPaginator(Paginator):
     """Counts at most COUNT_CAP rows: never a COUNT(*) over a million-row ledger per page."""
 
@@ -100,7 +113,7 @@ class AppFilter(admin.SimpleListFilter):
         return queryset.filter(app=self.value()) if self.value() else queryset
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnly, admin.TabularInline):
     model = Attempt
     readonly_fields = [
         "number",
@@ -116,14 +129,8 @@ class AttemptInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class StepInline(admin.TabularInline):
+class StepInline(ReadOnly, admin.TabularInline):
     """The job's memoized steps (SPEC §7): what a retry returns instead of running them."""
 
     model = Step
@@ -132,12 +139,6 @@ class StepInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="took")
     def took(self, obj: Step) -> str:
@@ -150,7 +151,7 @@ class StepInline(admin.TabularInline):
 
 
 @admin.register(EventJob)
-class EventJobAdmin(admin.ModelAdmin):
+class EventJobAdmin(ReadOnly, admin.ModelAdmin):
     list_display = [
         "id",
         "coloured_status",
@@ -235,17 +236,6 @@ class EventJobAdmin(admin.ModelAdmin):
     readonly_fields = [
         name for _, section in fieldsets for name in section["fields"] if isinstance(name, str)
     ]
-
-    # --- read-only ------------------------------------------------------------------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.requeue_eventjob")

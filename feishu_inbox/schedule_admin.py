@@ -20,7 +20,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import ngettext
 
 from . import scheduler
-from .admin import STATUS_COLOURS
+from .admin import STATUS_COLOURS, ReadOnly
 from .models import EventJob, Schedule
 from .schedules import ScheduleSpec, declared
 
@@ -58,7 +58,7 @@ def _make_action(name: str) -> Callable[..., HttpResponse | None]:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(ReadOnly, admin.ModelAdmin):
     list_display = [
         "name",
         "expression",
@@ -72,17 +72,6 @@ class ScheduleAdmin(admin.ModelAdmin):
     list_display_links = None
     ordering = ["name"]
     actions = [_make_action(name) for name in ACTIONS]
-
-    # --- read-only ------------------------------------------------------------------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.pause_schedule")
