@@ -208,6 +208,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
                 "fields": [
                     "coloured_status",
                     "attempt",
+                    "priority",
                     "available_at",
                     "finished_at",
                     "error_type",

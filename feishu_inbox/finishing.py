@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import handlers
@@ -32,14 +32,18 @@ Finished = tuple[str, list[ClaimedJob]]
 
 
 def finish_together(
-    finishes: list[tuple[Lease, str, str]], *, lease_seconds: float | None = None
+    finishes: list[tuple[Lease, str, str]],
+    *,
+    lease_seconds: float | None = None,
+    key_prefixes: Sequence[str] = (),
 ) -> list[tuple[str | None, list[ClaimedJob]]]:
     """``ledger.finish_and_claim`` for several leases of one worker, in one transaction (on
     PostgreSQL one statement). Each is (lease, error type as ``ledger.finish`` writes it, token
     of its one next claim or "" for none) and is fenced on its own: None for one whose lease
-    was lost (nothing of it changed), the others unaffected."""
+    was lost (nothing of it changed), the others unaffected. ``key_prefixes``: the claims take
+    only partitions whose key starts with one (a worker of some task queues)."""
     _maybe_sweep()
-    ended = store().finish_together(finishes, _lease_seconds(lease_seconds))
+    ended = store().finish_together(finishes, _lease_seconds(lease_seconds), key_prefixes)
     return [
         (status, _claimed(rows, lease.worker_id, token))
         for (lease, _, token), (status, rows) in zip(finishes, ended, strict=True)
@@ -63,8 +67,11 @@ class Finish:
 class FinishGroup:
     """Gathers a worker's finishes while one is being written (group commit)."""
 
-    def __init__(self, lease_seconds: float, *, in_flight: int = 1) -> None:
+    def __init__(
+        self, lease_seconds: float, *, in_flight: int = 1, key_prefixes: Sequence[str] = ()
+    ) -> None:
         self._lease_seconds = lease_seconds
+        self._key_prefixes = tuple(key_prefixes)
         self._in_flight = in_flight
         self._writing = 0
         self._waiting: list[Finish] = []
@@ -108,6 +115,7 @@ class FinishGroup:
             ended = finish_together(
                 [(f.lease, f.error_type, f.token) for f in batch],
                 lease_seconds=self._lease_seconds,
+                key_prefixes=self._key_prefixes,
             )
         except Exception as exc:  # each one is retried alone: one that landed is found
             log.warning("%s finishes together failed (%s); each is tried alone", len(batch), exc)

@@ -105,6 +105,10 @@ class EventJob(models.Model):
     #: Attempts this job gets: its handler's retry policy when it was stored; None: the site's
     #: MAX_ATTEMPTS when an attempt ends (so raising it helps jobs already stored).
     max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    #: Higher runs first among the partitions' due heads (a django.tasks task's ``priority``,
+    #: -100..100; Feishu events and schedule occurrences 0). It never reorders a partition:
+    #: the partition's head carries its priority (Partition.head_priority).
+    priority = models.SmallIntegerField(default=0, db_default=0)
 
     error_type = models.CharField(max_length=128, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
@@ -197,6 +201,8 @@ class Partition(models.Model):
         max_length=16, choices=PartitionState.choices, default=PartitionState.IDLE
     )
     head_due_at = models.DateTimeField(null=True, blank=True)
+    #: The head's priority (0 when idle): the claim takes due heads by priority, then receipt.
+    head_priority = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [
@@ -207,9 +213,11 @@ class Partition(models.Model):
             ),
         ]
         indexes = [
-            # The claim: lowest head among claimable partitions (cost ~ log(partitions)).
+            # The claim (feishu_inbox_claim, claim_prefixed; claimable_heads on SQLite): the
+            # highest priority, then the lowest head, among claimable partitions, read in index
+            # order (cost ~ log(partitions), no sort).
             models.Index(
-                fields=["head_id"],
+                fields=["-head_priority", "head_id"],
                 name="feishu_inbox_part_claimable",
                 condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT]),
             ),
@@ -301,6 +309,7 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
         "private_message": job.private_message,
         "status": job.status,
         "attempt": job.attempt,
+        "priority": job.priority,
         "received_at": job.received_at.isoformat(),
         "available_at": job.available_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,

@@ -17,8 +17,8 @@ _loaded: list[Any] = []
 
 def framework() -> Any:
     """The framework's names: Task, TaskResult, TaskResultStatus, TaskContext, TaskError,
-    BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, task_backends, the three signals,
-    normalize_json, get_module_path, and ``package`` (which one it is)."""
+    BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, task_backends, the priority bounds,
+    the three signals, normalize_json, get_module_path, and ``package`` (which one it is)."""
     if not _loaded:
         _loaded.append(_load())
     return _loaded[0]
@@ -73,6 +73,8 @@ def _names(
         InvalidTask=getattr(exceptions, invalid_task),
         TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
         task_backends=import_module(package).task_backends,
+        TASK_MIN_PRIORITY=base.TASK_MIN_PRIORITY,
+        TASK_MAX_PRIORITY=base.TASK_MAX_PRIORITY,
         task_enqueued=signals.task_enqueued,
         task_started=signals.task_started,
         task_finished=signals.task_finished,

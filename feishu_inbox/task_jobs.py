@@ -63,6 +63,7 @@ def enqueue(
     ordering_key: str | None,
     payload: dict[str, Any],
     run_after: datetime | None,
+    priority: int,
     max_attempts: int,
 ) -> int:
     """Store a task as a job, in the caller's transaction if there is one (then it exists only
@@ -73,8 +74,9 @@ def enqueue(
 
     key = partition_key(queue, ordering_key, result_id)
     # One statement needs no transaction of its own (PostgreSQL: one round trip); a deferred
-    # task's two statements do.
-    with store().transaction() if run_after is not None else nullcontext():
+    # or prioritised task's three statements do.
+    shaped = run_after is not None or priority != 0
+    with store().transaction() if shaped else nullcontext():
         stored = ledger.enqueue(
             event_id=result_id,
             event_type=PREFIX + task_path,
@@ -83,8 +85,8 @@ def enqueue(
             app=APP,
             max_attempts=max_attempts,
         )
-        if run_after is not None:
-            store().defer_new_job(stored.job_id, key, run_after)
+        if shaped:
+            store().defer_and_rank_new_job(stored.job_id, key, run_after, priority)
     return stored.job_id
 
 

@@ -113,8 +113,9 @@ class LedgerBackend(_BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    #: Claims follow receipt order (SPEC §3); a priority is refused, never silently ignored.
-    supports_priority = False
+    #: The claim takes due work by priority, then receipt; a priority never reorders the tasks
+    #: of one ordering key (they run in enqueue order).
+    supports_priority = True
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
@@ -173,6 +174,7 @@ class LedgerBackend(_BaseTaskBackend):
                 "ordering_key": key,
             },
             run_after=task.run_after,
+            priority=task.priority,
             max_attempts=policy.attempts,
         )
         result = _fw.TaskResult(

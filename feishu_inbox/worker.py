@@ -223,7 +223,7 @@ class Worker:
         self._schedules_changed = threading.Event()  # a schedule was paused or resumed
         self._warned_no_handler: set[str] = set()
         self._slots = _Slots(self._wake)
-        self._finishes = FinishGroup(self.lease_seconds)
+        self._finishes = FinishGroup(self.lease_seconds, key_prefixes=self.key_prefixes)
         self._pool = _Pool()
         self._async = _AsyncRunner()
         self._listening = False
@@ -432,12 +432,9 @@ class Worker:
 
         error_type = "Superseded" if superseded else note  # as ledger.finish writes it
         try:
-            if self.key_prefixes:  # a batch's claims know no queue filter: this one goes alone
-                status, jobs = alone(False)
-            else:
-                status, jobs = self._finishes.finish(
-                    Finish(ctx.lease, error_type, token if reserved else "", alone)
-                )
+            status, jobs = self._finishes.finish(
+                Finish(ctx.lease, error_type, token if reserved else "", alone)
+            )
         except BaseException:
             self._slots.unreserve(reserved)
             raise

@@ -47,7 +47,8 @@ def status(job_id: int) -> str:
 
 
 def assert_mirror_consistent() -> None:
-    """Every partition row points at its first non-completed job and mirrors its state."""
+    """Every partition row points at its first non-completed job and mirrors its state and
+    priority (0 when idle)."""
     for part in Partition.objects.all():
         head = (
             EventJob.objects.filter(partition_key=part.key)
@@ -56,10 +57,12 @@ def assert_mirror_consistent() -> None:
             .first()
         )
         if head is None:
-            assert (part.head_id, part.head_state) == (None, "idle"), part.key
+            idle = (part.head_id, part.head_state, part.head_priority)
+            assert idle == (None, "idle", 0), part.key
         else:
             assert part.head_id == head.pk, part.key
             assert part.head_state == head.status, part.key
+            assert part.head_priority == head.priority, part.key
             if head.status in ("queued", "retry_wait"):
                 assert part.head_due_at == head.available_at, part.key
         running = EventJob.objects.filter(partition_key=part.key, status="running").count()

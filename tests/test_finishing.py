@@ -68,6 +68,20 @@ def test_finishes_together_lock_partitions_in_key_order() -> None:
     assert_mirror_consistent()
 
 
+def test_finishes_together_of_a_queue_worker_claim_only_in_its_queues() -> None:
+    """A `runworker --queue` worker's finishes go together too, and their claims take only
+    partitions of its queues (the priority order holds there as everywhere)."""
+    a, b = _running(2, "w")  # chats c0, c1, each with a second job waiting
+    for name, priority in (("task:emails:x", 0), ("task:emails:y", 5), ("task:other:z", 9)):
+        stored = ledger.enqueue(event_id=name, event_type="t", partition_key=name, payload={})
+        EventJob.objects.filter(id=stored.job_id).update(priority=priority)
+        Partition.objects.filter(key=name).update(head_priority=priority)
+    ended = finish_together([(a, "", "ta"), (b, "", "tb")], key_prefixes=["task:emails:"])
+    claimed = [jobs[0].lease.partition_key for _, jobs in ended]
+    assert claimed == ["task:emails:y", "task:emails:x"]  # by priority, never c0/c1 or other
+    assert_mirror_consistent()
+
+
 class _Recorder:
     """Stands in for finish_together: records each batch, optionally failing or blocking."""
 
@@ -75,8 +89,9 @@ class _Recorder:
         self.batches: list[list[int]] = []
         self.fail = fail
 
-    def __call__(self, finishes: Any, *, lease_seconds: float) -> Any:
+    def __call__(self, finishes: Any, *, lease_seconds: float, key_prefixes: Any = ()) -> Any:
         self.batches.append([lease.job_id for lease, _, _ in finishes])
+        self.key_prefixes = tuple(key_prefixes)
         if self.fail:
             raise OperationalError("the database blinked")
         return [("completed" if lease.job_id != 99 else None, []) for lease, _, _ in finishes]
@@ -121,8 +136,10 @@ def test_finishes_that_end_while_one_is_written_go_together(
     recorder = _Recorder()
     monkeypatch.setattr(finishing, "finish_together", recorder)
     alone: list[tuple[int, bool]] = []
-    results = _gathered(FinishGroup(60), [_finish(i, alone) for i in (1, 2, 99)])
+    group = FinishGroup(60, key_prefixes=("task:emails:",))  # a `runworker --queue` worker's
+    results = _gathered(group, [_finish(i, alone) for i in (1, 2, 99)])
     assert [sorted(b) for b in recorder.batches] == [[1, 2, 99]]  # one statement for three
+    assert recorder.key_prefixes == ("task:emails:",)  # its claims keep the worker's queues
     assert results[1] == results[2] == ("completed", [])
     # 99's lease was lost: refused on its own, it finishes alone (not as a retry) to learn why.
     assert alone == [(99, False)] and results[99] == ("alone", [])

@@ -131,7 +131,7 @@ def test_cached_plans_of_claim_and_end_attempt_stay_on_the_partial_indexes(stale
     claim, head = claims[-1], heads[-1]
     # The claim reads the claimable heads' partial index in head order, never the backlog.
     assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
-    assert "Seq Scan" not in claim, claim
+    assert "Seq Scan" not in claim and "Sort" not in claim, claim  # priority: index order
     # The new head: the first entry of the chat in the partial index of unresolved jobs.
     assert "Index Scan using feishu_inbox_job_unresolved" in head, head
     assert "Seq Scan" not in head and "Sort" not in head, head
@@ -148,3 +148,41 @@ def test_a_claim_of_several_is_still_planned_for_its_limit() -> None:
     claim = _plan_of(plans, "WITH picked AS")
     assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
     assert "Seq Scan on public.feishu_inbox_partition" not in claim.split("CTE part")[0], claim
+
+
+def test_the_cached_claim_of_a_queue_worker_takes_priority_in_index_order() -> None:
+    """feishu_inbox_claim_prefixed (runworker --queue) has its own LIMIT 1 branch: its seventh
+    call runs the cached generic plan, on the claimable index in (priority, head) order with
+    no sort, and takes the higher-priority heads first."""
+    _fill()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {PARTITION_TABLE} SET head_priority = 7 WHERE key IN ('chat-5', 'chat-9')"
+        )
+        cur.execute(
+            f"UPDATE {JOB_TABLE} SET priority = 7 WHERE id IN "
+            f"(SELECT head_id FROM {PARTITION_TABLE} WHERE head_priority = 7)"
+        )
+    connection.close()
+    keys, claims = [], []
+    try:
+        for i in range(7):
+            with nested_plans() as plans, connection.cursor() as cur:
+                cur.execute(
+                    "SELECT id, partition_key FROM "
+                    "feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-'])",
+                    [f"t{i}"],
+                )
+                job_id, key = cur.fetchone()
+                keys.append(key)
+                cur.execute(
+                    "SELECT feishu_inbox_end_attempt(%s, 'w', %s, %s, FALSE, '', '', 0, 0)",
+                    [job_id, f"t{i}", key],
+                )
+            claims.append(_plan_of(plans, "WITH picked AS"))
+    finally:
+        connection.close()
+    assert sorted(keys[:2]) == ["chat-5", "chat-9"], keys  # priority 7 before the others
+    assert re.search(r"\$1, \$2\b", claims[-1]) and "'w'::" not in claims[-1], claims[-1]
+    assert "Index Scan using feishu_inbox_part_claimable" in claims[-1], claims[-1]
+    assert "Seq Scan" not in claims[-1] and "Sort" not in claims[-1], claims[-1]

@@ -120,8 +120,9 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010 and 0012 load their function files; migrating back drops them, forward
-    again creates them, and the ledger works after the round trip."""
+    """0002, 0005, 0010, 0012 and 0013 load their function files; migrating back drops them
+    (or restores their earlier versions), forward again creates them, and the ledger works
+    after the round trip."""
 
     def functions() -> set[str]:
         with connection.cursor() as cur:
@@ -136,8 +137,19 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_claim_prefixed",
         "feishu_inbox_finish_together",
     }
-    assert functions() == expected
+
+    def finish_together_arguments() -> int:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pronargs FROM pg_proc WHERE proname = 'feishu_inbox_finish_together'"
+            )
+            [(count,)] = cur.fetchall()  # one version: never an overload left behind
+            return int(count)
+
+    assert functions() == expected and finish_together_arguments() == 8  # 0013: the prefixes
     try:
+        call_command("migrate", "feishu_inbox", "0012", verbosity=0)
+        assert functions() == expected and finish_together_arguments() == 7
         call_command("migrate", "feishu_inbox", "0009", verbosity=0)
         new = {"feishu_inbox_claim_prefixed", "feishu_inbox_finish_together"}
         assert functions() == expected - new

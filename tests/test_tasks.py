@@ -8,6 +8,7 @@ and PostgreSQL alike. Tasks run in a real worker (``runworker --burst``, in this
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def test_the_backend_is_the_ledger_and_says_what_it_supports() -> None:
     backend = fw.task_backends["default"]
     assert isinstance(backend, LedgerBackend)
     assert backend.supports_defer and backend.supports_async_task and backend.supports_get_result
-    assert not backend.supports_priority
+    assert backend.supports_priority
     assert fw.package == ("django.tasks" if _django6() else "django_tasks")
 
 
@@ -180,10 +181,89 @@ def test_a_task_runs_once_its_run_after_has_passed() -> None:
     assert got.started_at >= got.task.run_after
 
 
-def test_a_priority_is_refused_not_ignored() -> None:
-    with pytest.raises(fw.InvalidTask, match="priority"):
-        t.add.using(priority=10)
+def claim_order(*args: str) -> list[str]:
+    """The result ids, in the order a worker of one slot claims (and finishes) them."""
+    order = []
+    while claimed := ledger.claim("w", key_prefixes=args):
+        [job] = claimed
+        order.append(job.event_id)
+        ledger.finish(job.lease)
+    return order
+
+
+def test_the_claim_takes_higher_priority_first_then_enqueue_order() -> None:
+    low = t.add.using(priority=-10).enqueue(1, 1)
+    first, second = t.add.enqueue(1, 2), t.add.enqueue(1, 3)
+    high = t.add.using(priority=50).enqueue(1, 4)
+    top = t.add.using(priority=fw.TASK_MAX_PRIORITY).enqueue(1, 5)
+    assert job_of(high).priority == 50 and job_of(first).priority == 0
+    assert Partition.objects.get(key=job_of(high).partition_key).head_priority == 50
+    assert t.add.get_result(high.id).task.priority == 50
+    assert claim_order() == [top.id, high.id, first.id, second.id, low.id]
+    # Done, each partition is idle again, and an idle partition's priority is 0.
+    assert set(Partition.objects.values_list("head_state", "head_priority")) == {("idle", 0)}
+
+
+def test_a_real_worker_of_one_slot_runs_tasks_by_priority() -> None:
+    results = [t.send_email.using(priority=p).enqueue(f"{p}@x") for p in (0, -5, 20, 5)]
+    run_worker("--concurrency", "1")
+    log = (worker_handlers.DIR / "events.log").read_text().splitlines()
+    assert [line.split()[1] for line in log] == ["20@x", "5@x", "0@x", "-5@x"]
+    assert all(t.send_email.get_result(r.id).status == Status.SUCCESSFUL for r in results)
+
+
+def test_a_priority_never_reorders_the_tasks_of_one_ordering_key() -> None:
+    """Ordering is a promise, priority a preference: within a key, enqueue order wins; the
+    key's place among other work is its head's priority, read again as each head moves."""
+    with ordering_key("user:1"):
+        slow = t.add.using(priority=-50).enqueue(1, 0)
+        urgent = t.add.using(priority=90).enqueue(2, 0)
+    middle = t.add.using(priority=10).enqueue(3, 0)
+    key = job_of(slow).partition_key
+    assert Partition.objects.get(key=key).head_priority == -50  # its head's, not the key's max
+    [first] = ledger.claim("w")
+    assert first.event_id == middle.id
+    ledger.finish(first.lease)
+    [second] = ledger.claim("w")
+    assert second.event_id == slow.id  # urgent waits for the task before it
+    later = t.add.using(priority=60).enqueue(4, 0)
+    ledger.finish(second.lease)
+    assert Partition.objects.get(key=key).head_priority == 90  # the new head's
+    assert claim_order() == [urgent.id, later.id]
+
+
+def test_priority_survives_a_retry_and_an_operator_requeue_and_waits_for_run_after() -> None:
+    flaky = t.flaky.using(priority=30).enqueue("p", 1)
+    normal = t.add.enqueue(1, 1)
+    deferred = t.add.using(priority=100, run_after=timezone.now() + timedelta(hours=1)).enqueue(
+        2, 2
+    )
+    [job] = ledger.claim("w")
+    assert job.event_id == flaky.id  # 100 is not due: priority never runs work early
+    assert ledger.fail(job.lease, error_type="RuntimeError", retry_in=0) == "retry_wait"
+    part = Partition.objects.get(key=job_of(flaky).partition_key)
+    assert (part.head_state, part.head_priority) == ("retry_wait", 30)
+    [again] = ledger.claim("w")
+    assert again.event_id == flaky.id
+    assert ledger.fail(again.lease, error_type="RuntimeError", final=True) == "failed"
+    assert ledger.requeue([job_of(flaky).pk]).done
+    assert Partition.objects.get(key=job_of(flaky).partition_key).head_priority == 30
+    assert claim_order() == [flaky.id, normal.id]
+    assert job_of(deferred).status == "queued"
+
+
+def test_a_priority_outside_the_frameworks_range_is_refused() -> None:
+    for bad in (fw.TASK_MAX_PRIORITY + 1, fw.TASK_MIN_PRIORITY - 1):
+        with pytest.raises(fw.InvalidTask, match="priority"):
+            t.add.using(priority=bad)
     assert not EventJob.objects.exists()
+
+
+def test_priority_orders_the_claim_of_a_queue_filtered_worker() -> None:
+    emails = [t.send_email.using(priority=p).enqueue(f"{p}@x") for p in (1, 7, -3)]
+    t.add.using(priority=99).enqueue(1, 1)  # another queue: not this worker's
+    prefixes = task_jobs.queue_prefix("emails")
+    assert claim_order(prefixes) == [emails[1].id, emails[0].id, emails[2].id]
 
 
 def test_queues_are_checked_and_partition_the_claim() -> None:
@@ -324,7 +404,7 @@ def test_admin_shows_tasks_beside_events_by_kind_and_queue_with_the_same_actions
     from django.test import Client
     from django.urls import reverse
 
-    email, added = t.send_email.enqueue("e@example.com"), t.add.enqueue(1, 1)
+    email, added = t.send_email.using(priority=42).enqueue("e@example.com"), t.add.enqueue(1, 1)
     event = ledger.enqueue(
         event_id="ev-admin", event_type="im.message.receive_v1", partition_key="chat:1", payload={}
     ).job_id
@@ -346,6 +426,7 @@ def test_admin_shows_tasks_beside_events_by_kind_and_queue_with_the_same_actions
     assert "task queue" in page.content.decode() and "django.tasks tasks" in page.content.decode()
     detail = client.get(reverse("admin:feishu_inbox_eventjob_change", args=[email_id]))
     assert detail.status_code == 200 and "e@example.com" in detail.content.decode()
+    assert re.search(r"Priority:</label>\s*<div class=\"readonly\">42<", detail.content.decode())
     client.post(url, {"action": "cancel_jobs", "_selected_action": [email_id], "confirmed": "yes"})
     got = t.send_email.get_result(email.id)
     assert got.status == Status.FAILED
@@ -357,7 +438,7 @@ def test_the_inbox_command_lists_shows_and_acts_on_tasks(
 ) -> None:
     import json
 
-    failing, email = t.fail.enqueue("cli"), t.send_email.enqueue("f@example.com")
+    failing, email = t.fail.using(priority=-3).enqueue("cli"), t.send_email.enqueue("f@x.com")
     run_worker("--queue", "default")
     call_command("inbox", "list", "--kind", "task", "--queue", "default", "--json")
     [row] = json.loads(capsys.readouterr().out)
@@ -365,6 +446,7 @@ def test_the_inbox_command_lists_shows_and_acts_on_tasks(
     call_command("inbox", "show", failing.id, "--json")
     shown = json.loads(capsys.readouterr().out)
     assert shown["attempts"][0]["error_type"] == "builtins.ValueError"
+    assert shown["priority"] == -3
     call_command("inbox", "requeue", str(row["id"]))
     assert "requeued" in capsys.readouterr().out
     assert t.fail.get_result(failing.id).status == Status.READY

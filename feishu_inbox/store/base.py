@@ -395,12 +395,20 @@ class SqlStore:
 
     # --- django.tasks tasks (tasks.py) --------------------------------------------------------
 
-    def defer_new_job(self, job_id: int, partition_key: str, run_after: datetime) -> None:
-        """A task enqueued with ``run_after``: the job just stored (inside the enqueue's
-        transaction) and, when it is its partition's head, the partition wait until then."""
-        params = {"job_id": job_id, "partition_key": partition_key, "run_after": run_after}
-        self.execute("defer_job", params)
-        self.execute("defer_head", params)
+    def defer_and_rank_new_job(
+        self, job_id: int, partition_key: str, run_after: datetime | None, priority: int
+    ) -> None:
+        """A task enqueued with ``run_after`` or a priority: the job just stored (inside the
+        enqueue's transaction) and, when it is its partition's head, the partition wait until
+        then (None: due now) and carry the priority."""
+        params = {
+            "job_id": job_id,
+            "partition_key": partition_key,
+            "run_after": run_after,
+            "priority": priority,
+        }
+        self.execute("defer_and_rank_job", params)
+        self.execute("defer_and_rank_head", params)
 
     def count_unresolved(self) -> dict[str, int]:
         return {r["status"]: int(r["n"]) for r in self.rows("count_unresolved")}

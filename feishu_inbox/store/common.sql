@@ -15,10 +15,11 @@
 UPDATE {partition} SET
     head_id = head.id,
     head_state = COALESCE(head.status, '{idle}'),
-    head_due_at = head.available_at
+    head_due_at = head.available_at,
+    head_priority = COALESCE(head.priority, 0)
 FROM (SELECT NULL) AS anchor
 LEFT JOIN (
-    SELECT id, status, available_at FROM {job}
+    SELECT id, status, available_at, priority FROM {job}
     WHERE partition_key = %(partition_key)s AND {unresolved}
     ORDER BY partition_key, id LIMIT 1
 ) AS head ON TRUE
@@ -366,15 +367,18 @@ UPDATE {schedule} SET paused = %(paused)s
 WHERE name = %(name)s AND paused <> %(paused)s
 RETURNING name
 
--- defer_job --
--- A django.tasks task enqueued with run_after (feishu_inbox/tasks.py), in its enqueue's
--- transaction: the job just stored waits until then.
-UPDATE {job} SET available_at = %(run_after)s
+-- defer_and_rank_job --
+-- A django.tasks task enqueued with run_after or a priority (feishu_inbox/tasks.py), in its
+-- enqueue's transaction: the job just stored waits until then (NULL: it is due now) and
+-- carries its priority.
+UPDATE {job} SET available_at = COALESCE(%(run_after)s, available_at), priority = %(priority)s
 WHERE id = %(job_id)s AND status = '{queued}' AND attempt = 0
 
--- defer_head --
--- ... and so does its partition, when that job is the partition's head.
-UPDATE {partition} SET head_due_at = %(run_after)s
+-- defer_and_rank_head --
+-- ... and so does its partition, when that job is the partition's head (the claim reads the
+-- head's due time and priority from the partition row).
+UPDATE {partition} SET head_due_at = COALESCE(%(run_after)s, head_due_at),
+    head_priority = %(priority)s
 WHERE key = %(partition_key)s AND head_id = %(job_id)s
 
 -- next_wakeup_in_queues --

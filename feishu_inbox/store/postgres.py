@@ -28,7 +28,17 @@ _NOT_FOR_LISTEN = ("cursor_factory", "context", "prepare_threshold", "client_enc
 #: The statements a worker or the webhook sends for every job: prepared on the server. Sent as
 #: text, each one cost PostgreSQL a parse and a plan per job (9% of its CPU per job); prepared,
 #: a no-op job runs about 1.5 times as fast (bench/worker.py).
-PREPARED = frozenset({"enqueue", "claim", "end_attempt", "finish_and_claim", "finish_together"})
+PREPARED = frozenset(
+    {
+        "enqueue",
+        "claim",
+        "end_attempt",
+        "finish_and_claim",
+        "finish_together",
+        "claim_in_queues",
+        "finish_and_claim_in_queues",
+    }
+)
 #: psycopg's prepare_threshold that prepares a statement only when its execute says so.
 _ONLY_WHEN_ASKED = 2**31 - 1
 
@@ -187,7 +197,10 @@ class PostgresStore(SqlStore):
         return (None if status is None else str(status)), claimed
 
     def finish_together(
-        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+        self,
+        finishes: Sequence[tuple[Fence, str, str]],
+        lease_seconds: float,
+        key_prefixes: Sequence[str] = (),
     ) -> list[tuple[str | None, list[Row]]]:
         found = self.rows(
             "finish_together",
@@ -199,6 +212,8 @@ class PostgresStore(SqlStore):
                 "error_types": [error_type for _, error_type, _ in finishes],
                 "new_tokens": [token for _, _, token in finishes],
                 "lease_seconds": lease_seconds,
+                # NULL: a worker of every queue (feishu_inbox_claim, the unfiltered claim)
+                "prefixes": list(key_prefixes) or None,
             },
         )
         return [

@@ -49,12 +49,14 @@ LEFT JOIN LATERAL (
 
 -- finish_together --
 -- The finishes of several slots of one worker and each one's next claim, in one statement and
--- one commit (feishu_inbox_finish_together): each fenced on its own, a lost one NULL. Only on
+-- one commit (feishu_inbox_finish_together): each fenced on its own, a lost one NULL; the
+-- claims of a `runworker --queue` worker only in its queues (%(prefixes)s; NULL: all). Only on
 -- PostgreSQL: SQLite runs finish_and_claim for each, in one transaction.
 SELECT f.finished_id, f.ended_status, c.*
 FROM feishu_inbox_finish_together(%(worker_id)s, %(job_ids)s::bigint[], %(tokens)s::text[],
                                   %(partition_keys)s::text[], %(error_types)s::text[],
-                                  %(new_tokens)s::text[], %(lease_seconds)s) f
+                                  %(new_tokens)s::text[], %(lease_seconds)s,
+                                  %(prefixes)s::text[]) f
 LEFT JOIN LATERAL (
     SELECT {claimed_columns} FROM (SELECT (f.claimed).*) j WHERE j.id IS NOT NULL
 ) c ON TRUE

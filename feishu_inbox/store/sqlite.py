@@ -202,13 +202,21 @@ class SqliteStore(SqlStore):
             return status, self._claim(fence.worker_id, token, lease_seconds, limit, key_prefixes)
 
     def finish_together(
-        self, finishes: Sequence[tuple[Fence, str, str]], lease_seconds: float
+        self,
+        finishes: Sequence[tuple[Fence, str, str]],
+        lease_seconds: float,
+        key_prefixes: Sequence[str] = (),
     ) -> list[tuple[str | None, list[Row]]]:
         # One transaction (one commit) for all, as PostgreSQL's one statement.
         with self.transaction():
             return [
                 self.finish_and_claim(
-                    fence, error, token=token, lease_seconds=lease_seconds, limit=int(bool(token))
+                    fence,
+                    error,
+                    token=token,
+                    lease_seconds=lease_seconds,
+                    limit=int(bool(token)),
+                    key_prefixes=key_prefixes,
                 )
                 for fence, error, token in finishes
             ]

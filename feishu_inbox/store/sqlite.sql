@@ -43,11 +43,12 @@ UPDATE {partition} SET head_id = %(job_id)s, head_state = '{queued}',
 WHERE key = %(partition_key)s
 
 -- claimable_heads --
--- The lowest due claimable heads. Only on SQLite (PostgreSQL: feishu_inbox_claim(), with
+-- The due claimable heads, highest priority first, then lowest receipt sequence (the partial
+-- index feishu_inbox_part_claimable's order). Only on SQLite (PostgreSQL: feishu_inbox_claim(), with
 -- FOR UPDATE SKIP LOCKED; a single writer has nothing to skip).
 SELECT key, head_id FROM {partition}
 WHERE head_state IN {claimable} AND head_due_at <= now()
-ORDER BY head_id LIMIT %(limit)s
+ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 
 -- claim_partitions --
 -- Their partitions are running now. Only on SQLite (PostgreSQL: feishu_inbox_claim()).
@@ -139,4 +140,4 @@ SELECT {partition}.key, {partition}.head_id FROM {partition}
 WHERE head_state IN {claimable} AND head_due_at <= now()
   AND EXISTS (SELECT 1 FROM {prefixes} q
               WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix)
-ORDER BY head_id LIMIT %(limit)s
+ORDER BY head_priority DESC, head_id LIMIT %(limit)s
