@@ -146,10 +146,19 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             [(count,)] = cur.fetchall()  # one version: never an overload left behind
             return int(count)
 
+    def claim_settings() -> list[str] | None:
+        with connection.cursor() as cur:
+            cur.execute("SELECT proconfig FROM pg_proc WHERE proname = 'feishu_inbox_claim'")
+            [(settings,)] = cur.fetchall()
+            return settings  # type: ignore[no-any-return]
+
+    forbidden = ["enable_sort=off", "enable_seqscan=off"]  # 0013: the claim reads its index
     assert functions() == expected and finish_together_arguments() == 8  # 0013: the prefixes
+    assert claim_settings() == forbidden
     try:
         call_command("migrate", "feishu_inbox", "0012", verbosity=0)
         assert functions() == expected and finish_together_arguments() == 7
+        assert claim_settings() is None
         call_command("migrate", "feishu_inbox", "0009", verbosity=0)
         new = {"feishu_inbox_claim_prefixed", "feishu_inbox_finish_together"}
         assert functions() == expected - new
@@ -159,7 +168,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         assert functions() == set()
     finally:
         call_command("migrate", "feishu_inbox", verbosity=0)
-    assert functions() == expected
+    assert functions() == expected and claim_settings() == forbidden
     from feishu_inbox import ledger
 
     ledger.enqueue(event_id="e", event_type="t", partition_key="p", payload={})

@@ -6,9 +6,16 @@
 -- before, in index order, with no sort. A priority never reorders a partition: an ordered
 -- partition's later jobs wait for its head whatever their priority.
 -- * feishu_inbox_end_attempt: the head lookup also reads the new head's priority.
--- * feishu_inbox_claim: ORDER BY head_priority DESC, head_id (both branches).
--- * feishu_inbox_claim_prefixed: the same order, and (as feishu_inbox_claim since 0012) a
---   branch with a literal LIMIT 1, so its cached generic plan is the custom one.
+-- * feishu_inbox_claim: ORDER BY head_priority DESC, head_id (both branches), and planned
+--   with sorts and sequential scans forbidden (its SET clauses). Every claim must read the
+--   claimable index in order; but before autovacuum first analyses the tables (a new site's
+--   first minutes, a benchmark) the planner's defaults expect a claimable partition or two,
+--   and reading every due partition through feishu_inbox_part_due and sorting them then
+--   looks cheaper: a claim cost a sort of every waiting chat (0.5 ms at 1,000 chats, growing
+--   with the chats), and the session kept that plan. tests/test_plans.py holds both plans of
+--   both claims on the index without statistics.
+-- * feishu_inbox_claim_prefixed: the same order and SET clauses, and (as feishu_inbox_claim
+--   since 0012) a branch with a literal LIMIT 1, so its cached generic plan is the custom one.
 -- * feishu_inbox_finish_together: takes the queue prefixes of a `runworker --queue` worker
 --   (NULL: every queue), so such a worker's finishes go together too.
 -- The head is set elsewhere only by resync_head (common.sql) and, for an idle partition, by
@@ -93,7 +100,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION feishu_inbox_claim(
     p_worker text, p_token text, p_lease float8, p_limit integer
-) RETURNS SETOF {job} LANGUAGE plpgsql AS $$
+) RETURNS SETOF {job} LANGUAGE plpgsql
+SET enable_sort = off SET enable_seqscan = off AS $$
 BEGIN
     -- claimable_heads, claim_partitions and claim_jobs in one statement. The two branches
     -- differ only in their LIMIT.
@@ -140,7 +148,8 @@ $$;
 -- feishu_inbox_claim plus one predicate (marked below): a change to one belongs in the other.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
     p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[]
-) RETURNS SETOF {job} LANGUAGE plpgsql AS $$
+) RETURNS SETOF {job} LANGUAGE plpgsql
+SET enable_sort = off SET enable_seqscan = off AS $$
 BEGIN
     -- claimable_heads_in_queues, claim_partitions and claim_jobs in one statement. The two
     -- branches differ only in their LIMIT.
