@@ -98,16 +98,27 @@ def _plan_of(plans: list[str], marker: str) -> str:
     return found[-1]
 
 
-def _claim_and_finish_seven_times() -> tuple[list[str], list[str]]:
-    """The plans of the claim and of the head lookup, call by call (one new session)."""
-    claims, heads = [], []
+#: The claims, by function: the unfiltered one and a `runworker --queue` worker's.
+CLAIMS = {
+    "feishu_inbox_claim": "SELECT id, partition_key FROM feishu_inbox_claim('w', %s, 60, 1)",
+    "feishu_inbox_claim_prefixed": (
+        "SELECT id, partition_key FROM feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-'])"
+    ),
+}
+
+
+def _claim_and_finish_seven_times(
+    function: str = "feishu_inbox_claim",
+) -> tuple[list[str], list[str], list[str]]:
+    """The plans of the claim and of the head lookup, call by call (one new session), and
+    the claimed jobs' chats."""
+    claims, heads, keys = [], [], []
     try:
         for i in range(7):  # five custom plans, then the cached one
             with nested_plans() as plans, connection.cursor() as cur:
-                cur.execute(
-                    "SELECT id, partition_key FROM feishu_inbox_claim('w', %s, 60, 1)", [f"t{i}"]
-                )
+                cur.execute(CLAIMS[function], [f"t{i}"])
                 job_id, key = cur.fetchone()
+                keys.append(key)
                 cur.execute(
                     "SELECT feishu_inbox_end_attempt(%s, 'w', %s, %s, FALSE, '', '', 0, 0)",
                     [job_id, f"t{i}", key],
@@ -117,7 +128,7 @@ def _claim_and_finish_seven_times() -> tuple[list[str], list[str]]:
             heads.append(_plan_of(plans, "SELECT j.id, j.status, j.available_at"))
     finally:
         connection.close()  # its session's settings and plans go with it
-    return claims, heads
+    return claims, heads, keys
 
 
 @pytest.fixture
@@ -139,7 +150,7 @@ def test_cached_plans_of_claim_and_end_attempt_stay_on_the_partial_indexes(
     statistics: str,
 ) -> None:
     _fill(statistics)
-    claims, heads = _claim_and_finish_seven_times()
+    claims, heads, _ = _claim_and_finish_seven_times()
     # The first calls are planned with their values; the seventh runs the cached plan, where
     # the worker's id and token (claim) and the chat (head) are parameters.
     assert "'w'::" in claims[0] and "'w'::" not in claims[-1], claims[-1]
@@ -182,24 +193,7 @@ def test_the_cached_claim_of_a_queue_worker_takes_priority_in_index_order() -> N
             f"(SELECT head_id FROM {PARTITION_TABLE} WHERE head_priority = 7)"
         )
     connection.close()
-    keys, claims = [], []
-    try:
-        for i in range(7):
-            with nested_plans() as plans, connection.cursor() as cur:
-                cur.execute(
-                    "SELECT id, partition_key FROM "
-                    "feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-'])",
-                    [f"t{i}"],
-                )
-                job_id, key = cur.fetchone()
-                keys.append(key)
-                cur.execute(
-                    "SELECT feishu_inbox_end_attempt(%s, 'w', %s, %s, FALSE, '', '', 0, 0)",
-                    [job_id, f"t{i}", key],
-                )
-            claims.append(_plan_of(plans, "WITH picked AS"))
-    finally:
-        connection.close()
+    claims, _, keys = _claim_and_finish_seven_times("feishu_inbox_claim_prefixed")
     assert sorted(keys[:2]) == ["chat-5", "chat-9"], keys  # priority 7 before the others
     assert re.search(r"\$1, \$2\b", claims[-1]) and "'w'::" not in claims[-1], claims[-1]
     assert "Index Scan using feishu_inbox_part_claimable" in claims[-1], claims[-1]
@@ -238,22 +232,7 @@ def test_a_new_sites_claim_never_sorts_its_partitions(function: str) -> None:
                 "'{}'::jsonb, NULL)",
                 [f"e{i}", f"e{i}", f"chat-{i % CHATS}"],
             )
-    call = f"SELECT id, partition_key FROM {function}('w', %s, 60, 1" + (
-        ", ARRAY['chat-'])" if function.endswith("prefixed") else ")"
-    )
-    claims = []
-    try:
-        for i in range(7):  # five custom plans, then the cached one
-            with nested_plans() as plans, connection.cursor() as cur:
-                cur.execute(call, [f"t{i}"])
-                job_id, key = cur.fetchone()
-                cur.execute(
-                    "SELECT feishu_inbox_end_attempt(%s, 'w', %s, %s, FALSE, '', '', 0, 0)",
-                    [job_id, f"t{i}", key],
-                )
-            claims.append(_plan_of(plans, "WITH picked AS"))
-    finally:
-        connection.close()
+    claims, _, _ = _claim_and_finish_seven_times(function)
     for claim in (claims[0], claims[-1]):  # a custom plan and the cached one
         assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
         assert "Sort" not in claim and "Seq Scan" not in claim, claim
