@@ -44,6 +44,14 @@ class InboxSettings:
     #: connection pooler that cannot keep prepared statements (PgBouncer before 1.21 in
     #: transaction mode, or with max_prepared_statements = 0).
     PREPARE_STATEMENTS: bool = True
+    #: A worker's slots that finish while one of its finishes is being written send theirs
+    #: together, in one statement and one commit (group commit). Off by default: the batch's
+    #: finishes and claims then run one after another in one database session, so a worker
+    #: uses one core of the database at most; written each on its own slot's connection they
+    #: run in parallel, and PostgreSQL still shares the WAL flush of commits that coincide
+    #: (bench/worker.py, 1 process x 4 slots: 930 jobs/s together, 1,317 apart). Turn it on
+    #: when the database's CPU, not its latency, is what limits the workers.
+    FINISH_TOGETHER: bool = False
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.

@@ -223,7 +223,13 @@ class Worker:
         self._schedules_changed = threading.Event()  # a schedule was paused or resumed
         self._warned_no_handler: set[str] = set()
         self._slots = _Slots(self._wake)
-        self._finishes = FinishGroup(self.lease_seconds, key_prefixes=self.key_prefixes)
+        # FINISH_TOGETHER: while one finish is written, the others wait and go together;
+        # else every slot writes its own at once (a group never forms).
+        self._finishes = FinishGroup(
+            self.lease_seconds,
+            in_flight=1 if conf.FINISH_TOGETHER else options.concurrency,
+            key_prefixes=self.key_prefixes,
+        )
         self._pool = _Pool()
         self._async = _AsyncRunner()
         self._listening = False

@@ -214,3 +214,35 @@ def test_the_new_head_is_the_first_unresolved_job_whatever_came_before(earlier: 
     else:
         assert (part.head_id, part.head_state) == (a.id, earlier)
     assert_mirror_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("together", [True, False], ids=["FINISH_TOGETHER", "apart"])
+def test_a_real_worker_finishes_every_job_once_together_or_apart(
+    together: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FINISH_TOGETHER on: a worker's finishes that coincide share a statement (when they
+    coincide is the machine's business); off (the default): every slot writes its own and no
+    group ever forms. Either way each job runs and ends once, and the heads stay right."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from . import worker_tasks
+
+    results = [worker_tasks.noop.enqueue() for _ in range(40)]
+    grouped: list[int] = []
+    real = finishing.finish_together
+
+    def counted(finishes: Any, **kwargs: Any) -> Any:
+        grouped.append(len(finishes))
+        return real(finishes, **kwargs)
+
+    monkeypatch.setattr(finishing, "finish_together", counted)
+    with override_settings(FEISHU_INBOX={"FINISH_TOGETHER": together}):
+        call_command("runworker", "--burst", "--concurrency", "4", "-v", "0")
+    assert EventJob.objects.filter(status="completed").count() == len(results)
+    assert Attempt.objects.count() == len(results)  # each ran once
+    assert all(n >= 2 for n in grouped)  # a group is two finishes or more, else alone
+    if not together:
+        assert grouped == []
+    assert_mirror_consistent()
