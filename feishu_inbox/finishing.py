@@ -65,7 +65,9 @@ class Finish:
 
 
 class FinishGroup:
-    """Gathers a worker's finishes while one is being written (group commit)."""
+    """Gathers a worker's finishes while ``in_flight`` are being written (group commit). The
+    worker passes 1 with FINISH_TOGETHER, else its slot count: then every slot writes its own
+    finish at once, and no group forms."""
 
     def __init__(
         self, lease_seconds: float, *, in_flight: int = 1, key_prefixes: Sequence[str] = ()
