@@ -51,6 +51,18 @@ def django_setup(database_url: str, migrate: bool = True) -> None:
         call_command("migrate", verbosity=0)
 
 
+def truncate_ledger() -> None:
+    """Empty the ledger's tables, so a measurement starts from the same tables (this machine's
+    PostgreSQL runs without autovacuum: a run would otherwise inherit the last one's dead rows)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
+            "feishu_inbox_partition"
+        )
+
+
 def timed(fn: Callable[[], int]) -> tuple[int, float]:
     """Run ``fn`` (returns a count); returns (count, seconds)."""
     start = time.perf_counter()

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from _setup import PG_SERVER, django_setup, fresh_postgres, median, reproduce
+from _setup import PG_SERVER, django_setup, fresh_postgres, median, reproduce, truncate_ledger
 
 PGBENCH_SETUP = """
 DROP TABLE IF EXISTS pgb_jobs;
@@ -130,29 +130,17 @@ def drain(db_url: str, processes: int) -> float:
     return total / (end - start)
 
 
-def truncate() -> None:
-    """Empty the ledger, so every round starts from the same tables (this machine's PostgreSQL
-    runs without autovacuum: a round would otherwise inherit the last one's dead rows)."""
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
-            "feishu_inbox_partition"
-        )
-
-
 def one_round(url: str, pgb_url: str, jobs: int, partitions: int, seconds: int) -> dict:
     """pgbench at 1 and 4 clients, then the ledger's enqueue and claim+finish at 1 and 4
     claimers, back to back, so each ratio compares figures taken within a minute."""
     from django.db import connections
 
     base = {c: pgbench(pgb_url, c, seconds) for c in (1, 4)}
-    truncate()
+    truncate_ledger()
     enqueue_rate = fill(jobs, partitions)
     connections.close_all()
     rates = {1: drain(url, 1)}
-    truncate()
+    truncate_ledger()
     fill(jobs, partitions)
     connections.close_all()
     rates[4] = drain(url, 4)

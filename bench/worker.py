@@ -32,7 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _setup import ROOT, django_setup, fresh_postgres, median, percentile, reproduce
+from _setup import (
+    ROOT,
+    django_setup,
+    fresh_postgres,
+    median,
+    percentile,
+    reproduce,
+    truncate_ledger,
+)
 
 
 def worker_env(url: str, **extra: str) -> dict[str, str]:
@@ -86,11 +94,7 @@ def throughput(
     """Jobs/s over the database window from the first claim to the last finish."""
     from django.db import connection
 
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
-            "feishu_inbox_partition"
-        )
+    truncate_ledger()
     if event_type.startswith("bench.reply"):
         fill_messages(n, 1000, event_type)
     else:
@@ -218,16 +222,6 @@ def fill_tasks(n: int) -> None:
         cur.execute("ANALYZE")
 
 
-def truncate() -> None:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
-            "feishu_inbox_partition"
-        )
-
-
 def tasks_row(url: str, n: int) -> dict[str, float]:
     """The ledger as a django.tasks backend: enqueue/s, tasks/s at 1 and 2 processes of one
     slot, enqueue -> start p50/p99 ms with an idle worker woken by NOTIFY."""
@@ -235,14 +229,14 @@ def tasks_row(url: str, n: int) -> dict[str, float]:
 
     from bench import bench_tasks
 
-    truncate()
+    truncate_ledger()
     calls = 2000
     t0 = time.perf_counter()
     for _ in range(calls):
         bench_tasks.noop.enqueue()
     row = {"enqueue": calls / (time.perf_counter() - t0)}
     for label, procs in (("c1", 1), ("2x1", 2)):
-        truncate()
+        truncate_ledger()
         fill_tasks(n)
         workers = [
             subprocess.Popen(
@@ -271,7 +265,7 @@ def tasks_row(url: str, n: int) -> dict[str, float]:
             done, seconds = cur.fetchone()
         assert done == n, (done, n)
         row[label] = done / float(seconds)
-    truncate()
+    truncate_ledger()
     out = Path(tempfile.mkdtemp()) / "task-latency.txt"
     proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out))
     count = 200
@@ -344,10 +338,7 @@ def rss_kib(pid: int) -> int:
 def memory(url: str, jobs: int) -> tuple[int, int, float]:
     from django.db import connection
 
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, feishu_inbox_partition"
-        )
+    truncate_ledger()
     fill(jobs, 1000)
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", "4", "-v", "0"],
