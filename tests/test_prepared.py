@@ -1,0 +1,130 @@
+"""PostgreSQL's fast path for the hot statements (store/postgres.py ``_fast``).
+
+In autocommit (the worker's and the webhook's statements) enqueue, claim and the end of an
+attempt run on libpq directly, prepared once per connection under their own names; inside a
+transaction, with queries logged or with execute wrappers they go through Django's cursor.
+Either way the results and the errors are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import DataError, OperationalError, connection, transaction
+from django.test import override_settings
+
+from feishu_inbox import ledger
+from feishu_inbox.errors import LeaseLost
+from feishu_inbox.handlers import TRANSIENT_ERRORS
+from feishu_inbox.models import EventJob
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
+
+
+@pytest.fixture(autouse=True)
+def fresh_connection() -> Iterator[None]:
+    connection.close()  # nothing prepared yet
+    yield
+    connection.close()
+
+
+def prepared() -> set[str]:
+    """Our statements prepared on this connection (read without preparing anything)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'feishu_inbox_%%'")
+        return {r[0] for r in cur.fetchall()}
+
+
+def enqueue(i: int) -> int:
+    return ledger.enqueue(
+        event_id=f"e{i}", event_type="t", partition_key="c", payload={"i": i}
+    ).job_id
+
+
+def test_the_hot_statements_are_prepared_once_under_their_names_and_answer_as_before() -> None:
+    first, second = enqueue(1), enqueue(2)
+    assert second > first
+    assert ledger.enqueue(event_id="e1", event_type="t", partition_key="c", payload={}) == (
+        ledger.EnqueueResult(job_id=first, created=False)  # a duplicate, found
+    )
+    [job] = ledger.claim("w")
+    assert (job.id, job.payload, job.lease.attempt) == (first, {"i": 1}, 1)
+    assert job.lease_until.tzinfo is not None  # loaded as Django loads it: aware
+    status, [nxt] = ledger.finish_and_claim(job.lease, limit=1)
+    assert (status, nxt.id) == ("completed", second)
+    assert prepared() == {
+        "feishu_inbox_enqueue",
+        "feishu_inbox_claim",
+        "feishu_inbox_finish_and_claim",
+    }
+    stale = ledger.Lease(nxt.id, "w", "not-the-token", "c", 1)
+    with pytest.raises(LeaseLost):  # fenced: nothing changed, nothing claimed
+        ledger.finish_and_claim(stale, limit=1)
+    assert EventJob.objects.get(id=second).status == "running"
+
+
+def test_statements_deallocated_behind_its_back_are_prepared_again() -> None:
+    enqueue(1)
+    with connection.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")  # as psycopg does after a rollback, or DISCARD ALL
+    assert prepared() == set()
+    enqueue(2)
+    assert prepared() == {"feishu_inbox_enqueue"}
+    assert EventJob.objects.count() == 2
+
+
+def test_a_new_connection_prepares_them_again() -> None:
+    enqueue(1)
+    connection.close()
+    enqueue(2)
+    assert prepared() == {"feishu_inbox_enqueue"}
+
+
+def test_a_statement_error_is_djangos_and_the_connection_goes_on() -> None:
+    with pytest.raises(DataError, match="json"):
+        ledger.enqueue(
+            event_id="bad", event_type="t", partition_key="c", payload={}, payload_json="{not json"
+        )
+    assert not EventJob.objects.exists()  # nothing stored
+    enqueue(1)
+    assert EventJob.objects.count() == 1
+
+
+def test_a_connection_lost_mid_call_is_a_blink_the_worker_retries() -> None:
+    enqueue(1)
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(_url(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(OperationalError) as caught:
+        enqueue(2)
+    assert isinstance(caught.value, TRANSIENT_ERRORS)
+    connection.close()  # as handlers.drop_connection does
+    enqueue(2)
+    assert EventJob.objects.count() == 2
+
+
+def test_inside_a_transaction_it_goes_through_django_and_rolls_back_with_it() -> None:
+    with transaction.atomic():
+        enqueue(1)
+        assert prepared() == set()  # not the fast path: psycopg prepares its own
+        transaction.set_rollback(True)
+    assert not EventJob.objects.exists()
+    enqueue(2)
+    assert prepared() == {"feishu_inbox_enqueue"}
+
+
+@override_settings(FEISHU_INBOX={"PREPARE_STATEMENTS": False})
+def test_nothing_is_prepared_when_the_site_says_so() -> None:
+    enqueue(1)
+    [job] = ledger.claim("w")
+    assert ledger.finish(job.lease) == "completed"
+    assert prepared() == set()
+
+
+def _url() -> str:
+    params = connection.get_connection_params()
+    return psycopg.conninfo.make_conninfo(
+        **{k: v for k, v in params.items() if k in ("host", "port", "user", "password", "dbname")}
+    )
