@@ -121,6 +121,10 @@ class EventJob(models.Model):
     class Meta:
         verbose_name = "event job"
         ordering = ["id"]
+        # On PostgreSQL, migration 0014 holds these CHECKs (and the positive counts') as a row
+        # trigger with the same conditions and the same error, because PostgreSQL re-parses
+        # each CHECK for every statement that writes the row (store/functions/
+        # 0014_row_checks.sql): a change to one belongs in the other.
         constraints = [
             models.UniqueConstraint(fields=["app", "dedupe_key"], name="feishu_inbox_job_dedupe"),
             models.CheckConstraint(
@@ -205,6 +209,7 @@ class Partition(models.Model):
     head_priority = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
+        # A row trigger on PostgreSQL (migration 0014), as EventJob's checks.
         constraints = [
             models.CheckConstraint(
                 condition=Q(head_state=PartitionState.IDLE, head_id__isnull=True)
