@@ -120,9 +120,9 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012 and 0013 load their function files; migrating back drops them
-    (or restores their earlier versions), forward again creates them, and the ledger works
-    after the round trip."""
+    """0002, 0005, 0010, 0012, 0013, 0014 and 0015 load their function files; migrating back
+    drops them (or restores their earlier versions), forward again creates them, and the
+    ledger works after the round trip."""
 
     def functions() -> set[str]:
         with connection.cursor() as cur:
@@ -136,7 +136,18 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_now_plus",
         "feishu_inbox_claim_prefixed",
         "feishu_inbox_finish_together",
+        "feishu_inbox_job_check",
+        "feishu_inbox_partition_check",
     }
+    row_checks = {"feishu_inbox_job_check", "feishu_inbox_partition_check"}
+
+    def check_constraints() -> int:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid IN "
+                "('feishu_inbox_eventjob'::regclass, 'feishu_inbox_partition'::regclass)"
+            )
+            return int(cur.fetchone()[0])
 
     def finish_together_arguments() -> int:
         with connection.cursor() as cur:
@@ -145,6 +156,13 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             )
             [(count,)] = cur.fetchall()  # one version: never an overload left behind
             return int(count)
+
+    def end_attempt_merged() -> bool:
+        """0015: the job's update and its history row are one statement."""
+        with connection.cursor() as cur:
+            cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'feishu_inbox_end_attempt'")
+            [(body,)] = cur.fetchall()
+            return "WITH ended AS (UPDATE" in body
 
     def claim_settings() -> list[str] | None:
         with connection.cursor() as cur:
@@ -155,8 +173,15 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     forbidden = ["enable_sort=off", "enable_seqscan=off"]  # 0013: the claim reads its index
     assert functions() == expected and finish_together_arguments() == 8  # 0013: the prefixes
     assert claim_settings() == forbidden
+    assert check_constraints() == 0  # 0014: row triggers instead
+    assert end_attempt_merged()
     try:
+        call_command("migrate", "feishu_inbox", "0014", verbosity=0)
+        assert not end_attempt_merged()
+        call_command("migrate", "feishu_inbox", "0013", verbosity=0)
+        assert functions() == expected - row_checks and check_constraints() == 7
         call_command("migrate", "feishu_inbox", "0012", verbosity=0)
+        expected -= row_checks
         assert functions() == expected and finish_together_arguments() == 7
         assert claim_settings() is None
         call_command("migrate", "feishu_inbox", "0009", verbosity=0)
@@ -168,7 +193,8 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         assert functions() == set()
     finally:
         call_command("migrate", "feishu_inbox", verbosity=0)
-    assert functions() == expected and claim_settings() == forbidden
+    assert functions() == expected | row_checks and claim_settings() == forbidden
+    assert check_constraints() == 0 and end_attempt_merged()
     from feishu_inbox import ledger
 
     ledger.enqueue(event_id="e", event_type="t", partition_key="p", payload={})
