@@ -17,6 +17,7 @@ from django.test import override_settings
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import LeaseLost
+from feishu_inbox.finishing import finish_together
 from feishu_inbox.handlers import TRANSIENT_ERRORS
 from feishu_inbox.models import EventJob
 
@@ -63,6 +64,22 @@ def test_the_hot_statements_are_prepared_once_under_their_names_and_answer_as_be
     with pytest.raises(LeaseLost):  # fenced: nothing changed, nothing claimed
         ledger.finish_and_claim(stale, limit=1)
     assert EventJob.objects.get(id=second).status == "running"
+
+
+def test_arrays_and_odd_keys_go_through_as_psycopg_would_send_them() -> None:
+    """finish_together and a queue worker's claim send arrays: keys with the characters an
+    array literal quotes (comma, quotes, braces, backslash, spaces) arrive whole."""
+    keys = ["a,b", 'q"uote', "{brace}", "back\\slash", "sp ace", "NULL"]
+    for i, key in enumerate(keys):
+        for j in range(2):
+            ledger.enqueue(event_id=f"e{i}-{j}", event_type="t", partition_key=key, payload={})
+    running = ledger.claim("w", limit=len(keys), key_prefixes=keys)
+    assert sorted(job.lease.partition_key for job in running) == sorted(keys)
+    ended = finish_together([(job.lease, "", f"next{n}") for n, job in enumerate(running)])
+    assert [status for status, _ in ended] == ["completed"] * len(keys)
+    nexts = [jobs[0] for _, jobs in ended]
+    assert [job.lease.partition_key for job in nexts] == [j.lease.partition_key for j in running]
+    assert "feishu_inbox_finish_together" in prepared()
 
 
 def test_statements_deallocated_behind_its_back_are_prepared_again() -> None:
