@@ -82,6 +82,23 @@ def test_arrays_and_odd_keys_go_through_as_psycopg_would_send_them() -> None:
     assert "feishu_inbox_finish_together" in prepared()
 
 
+def test_every_fast_statement_prepares_untyped() -> None:
+    """The fast path prepares without parameter types: the server must infer every one."""
+    from feishu_inbox.store import store
+    from feishu_inbox.store.postgres import PREPARED
+
+    statements = store()._statements  # type: ignore[attr-defined]
+    assert set(statements) == PREPARED
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    for statement in statements.values():
+        done = pgconn.prepare(b"probe_" + statement.name, statement.sql)
+        assert done.status == psycopg.pq.ExecStatus.COMMAND_OK, (
+            statement.name,
+            done.get_error_message("utf-8"),
+        )
+
+
 def test_statements_deallocated_behind_its_back_are_prepared_again() -> None:
     enqueue(1)
     with connection.cursor() as cur:

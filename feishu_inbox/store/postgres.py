@@ -43,6 +43,12 @@ PREPARED = frozenset(
         "finish_together",
         "claim_in_queues",
         "finish_and_claim_in_queues",
+        # A running job's own writes: its heartbeat, the end of each effect, each step.
+        # (begin_effect is not: it tests parameters for NULL, whose type the server cannot
+        # infer when preparing it untyped, and common.sql takes no PostgreSQL-only casts.)
+        "renew",
+        "end_effect",
+        "record_step",
     }
 )
 #: psycopg's prepare_threshold that prepares a statement only when its execute says so.
