@@ -109,6 +109,16 @@ def test_statements_deallocated_behind_its_back_are_prepared_again() -> None:
     assert EventJob.objects.count() == 2
 
 
+def test_a_statement_already_prepared_under_its_name_is_used() -> None:
+    """A session that lost track of what it prepared (its record is per connection object)
+    finds the statement there and runs it."""
+    enqueue(1)
+    del connection._feishu_inbox_session  # type: ignore[attr-defined]
+    enqueue(2)
+    assert prepared() == {"feishu_inbox_enqueue"}
+    assert EventJob.objects.count() == 2
+
+
 def test_a_new_connection_prepares_them_again() -> None:
     enqueue(1)
     connection.close()

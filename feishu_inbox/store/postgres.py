@@ -81,6 +81,8 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 _IDLE = TransactionStatus.IDLE
 #: SQLSTATE of "prepared statement ... does not exist" (DEALLOCATE ALL, DISCARD ALL).
 _NO_SUCH_STATEMENT = "26000"
+#: SQLSTATE of "prepared statement ... already exists".
+_ALREADY_PREPARED = "42P05"
 
 
 class _Statement:
@@ -194,7 +196,9 @@ class PostgresStore(SqlStore):
                 if statement.name not in session.prepared:
                     done = pgconn.prepare(statement.name, statement.sql)
                     if done.status != ExecStatus.COMMAND_OK:
-                        raise _error(pgconn, done, encoding)
+                        failed = _error(pgconn, done, encoding)
+                        if failed.sqlstate != _ALREADY_PREPARED:  # else: it is there, use it
+                            raise failed
                     session.prepared.add(statement.name)
                 # None is NULL, as psycopg sends it (its stub says otherwise)
                 result = pgconn.exec_prepared(statement.name, values)  # type: ignore[arg-type]
@@ -217,8 +221,7 @@ class PostgresStore(SqlStore):
         tx.set_pgresult(result)
         columns = statement.columns
         return [
-            dict(zip(columns, values, strict=True))
-            for values in tx.load_rows(0, result.ntuples, tuple)
+            dict(zip(columns, row, strict=True)) for row in tx.load_rows(0, result.ntuples, tuple)
         ]
 
     def listen(
