@@ -8,6 +8,9 @@ Either way the results and the errors are the same.
 
 from __future__ import annotations
 
+import _thread
+import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -134,6 +137,58 @@ def test_a_statement_error_is_djangos_and_the_connection_goes_on() -> None:
     assert not EventJob.objects.exists()  # nothing stored
     enqueue(1)
     assert EventJob.objects.count() == 1
+
+
+def test_a_value_psycopg_cannot_send_is_a_data_error() -> None:
+    """A NUL in a text value is refused by psycopg before it is sent: a DataError (the
+    webhook's 400), as through Django's cursor, and nothing is stored."""
+    with pytest.raises(DataError):
+        ledger.enqueue(event_id="e\x00", event_type="t", partition_key="c", payload={})
+    assert not EventJob.objects.exists()
+    enqueue(1)
+
+
+def test_a_statement_waiting_on_a_lock_can_be_interrupted_and_is_cancelled() -> None:
+    """The wait is psycopg's, in slices: a signal's handler runs while a hot statement waits
+    (runworker's second SIGTERM exits at once), and the interrupted query is cancelled."""
+    enqueue(1)  # the partition row exists
+    blocker = psycopg.connect(_url())  # holds the chat's partition row, as an enqueue does
+    blocker.execute("SELECT 1 FROM feishu_inbox_partition WHERE key = 'c' FOR UPDATE")
+    me = connection.connection.info.backend_pid
+    interrupted, returned = threading.Event(), threading.Event()
+
+    def interrupt_when_waiting() -> None:
+        with psycopg.connect(_url(), autocommit=True) as watch:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not interrupted.is_set():
+                [(waiting,)] = watch.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (me,),
+                ).fetchall()
+                if waiting:
+                    _thread.interrupt_main()
+                    interrupted.set()
+                else:
+                    time.sleep(0.01)  # polling pg_stat_activity until the wait shows
+        # Never hang the suite: a wait that cannot be interrupted ends when the lock goes
+        # (and the test fails on the stored job).
+        if not returned.wait(5):
+            blocker.rollback()
+
+    watcher = threading.Thread(target=interrupt_when_waiting)
+    watcher.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            enqueue(2)
+    finally:
+        returned.set()
+        watcher.join()
+        blocker.rollback()
+        blocker.close()
+    assert interrupted.is_set()
+    connection.close()  # as after any interrupted query
+    assert EventJob.objects.count() == 1  # cancelled: nothing of it stored
+    enqueue(3)
 
 
 def test_a_connection_lost_mid_call_is_a_blink_the_worker_retries() -> None:

@@ -20,6 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.generators import execute
 from psycopg.pq import ExecStatus, TransactionStatus
 
 from ..conf import checked_settings
@@ -177,10 +178,11 @@ class PostgresStore(SqlStore):
         params: Mapping[str, Any],
     ) -> list[Row]:
         """Run a hot statement on libpq directly: prepared once per connection, then bound and
-        executed in one call. psycopg's cursor, in pure Python, cost a round trip about 60 µs
-        of the client's CPU on top of libpq's, and Django's wrapper about 45 µs more: a fifth
-        of a whole job at one worker (bench/throughput.py). What Django's cursor does around
-        a query is kept: a broken transaction refuses it, and errors are Django's."""
+        executed in one message. psycopg's cursor, in pure Python, cost a round trip about
+        60 µs of the client's CPU on top of libpq's, and Django's wrapper about 45 µs more: a
+        fifth of a whole job at one worker (bench/throughput.py). What Django's cursor does
+        around a query is kept: a broken transaction refuses it, errors are Django's, and the
+        wait is psycopg's own (interruptible)."""
         db.validate_no_broken_transaction()
         session: _Session | None = getattr(db, "_feishu_inbox_session", None)
         if session is None or session.pg is not pg:  # a new connection: nothing prepared
@@ -188,20 +190,23 @@ class PostgresStore(SqlStore):
             db._feishu_inbox_session = session  # type: ignore[attr-defined]
         pgconn = pg.pgconn
         encoding = pg.info.encoding
-        values = session.tx.dump_sequence(
-            [params[p] for p in statement.params], [PyFormat.TEXT] * len(statement.params)
-        )
-        with db.wrap_database_errors:
+        with db.wrap_database_errors:  # a value psycopg cannot send (a NUL) is a DataError too
+            values = session.tx.dump_sequence(
+                [params[p] for p in statement.params], [PyFormat.TEXT] * len(statement.params)
+            )
             for tries_left in (1, 0):
                 if statement.name not in session.prepared:
-                    done = pgconn.prepare(statement.name, statement.sql)
+                    pgconn.send_prepare(statement.name, statement.sql)
+                    [done] = pg.wait(execute(pgconn))
                     if done.status != ExecStatus.COMMAND_OK:
                         failed = _error(pgconn, done, encoding)
                         if failed.sqlstate != _ALREADY_PREPARED:  # else: it is there, use it
                             raise failed
                     session.prepared.add(statement.name)
-                # None is NULL, as psycopg sends it (its stub says otherwise)
-                result = pgconn.exec_prepared(statement.name, values)  # type: ignore[arg-type]
+                pgconn.send_query_prepared(statement.name, values)  # None: NULL
+                # psycopg's wait, in slices: a signal's handler runs meanwhile, and an
+                # interrupt cancels the query, as through psycopg's cursor.
+                [result] = pg.wait(execute(pgconn))
                 if result.status == ExecStatus.TUPLES_OK:
                     break
                 error = _error(pgconn, result, encoding)
@@ -213,10 +218,7 @@ class PostgresStore(SqlStore):
                         continue
                 raise error
         if statement.columns is None:
-            statement.columns = [
-                result.fname(i).decode(encoding)  # type: ignore[union-attr]
-                for i in range(result.nfields)
-            ]
+            statement.columns = [result.fname(i).decode(encoding) for i in range(result.nfields)]
         tx = session.tx
         tx.set_pgresult(result)
         columns = statement.columns
