@@ -124,7 +124,9 @@ class EventJob(models.Model):
         # On PostgreSQL, migration 0014 holds these CHECKs (and the positive counts') as a row
         # trigger with the same conditions and the same error, because PostgreSQL re-parses
         # each CHECK for every statement that writes the row (store/functions/
-        # 0014_row_checks.sql): a change to one belongs in the other.
+        # 0014_row_checks.sql). A change to one belongs in the other: on PostgreSQL a new
+        # function file replacing the trigger, the constraint's own change in the state only
+        # (SeparateDatabaseAndState); tests/test_row_checks.py fails until both agree.
         constraints = [
             models.UniqueConstraint(fields=["app", "dedupe_key"], name="feishu_inbox_job_dedupe"),
             models.CheckConstraint(

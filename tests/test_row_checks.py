@@ -9,10 +9,12 @@ IntegrityError naming the broken rule, and leaves the row as it was.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.models import CheckConstraint
 
 from feishu_inbox import ledger
 from feishu_inbox.models import EventJob, Partition, Status
@@ -40,9 +42,50 @@ def test_a_job_status_must_be_one_of_the_statuses() -> None:
     job = _queued()
     refused(EventJob, job, "feishu_inbox_job_status_valid", status="done")
     refused(EventJob, job, "feishu_inbox_job_status_valid", status="")
-    for status in (Status.FAILED, Status.UNKNOWN, Status.RETRY_WAIT, Status.COMPLETED):
-        EventJob.objects.filter(id=job).update(status=status)  # every status without a lease
+    received = EventJob.objects.get(id=job).received_at
+    for status in Status:  # every status the model knows (running needs a lease)
+        if status == Status.RUNNING:
+            lease = {"worker_id": "w", "lease_token": "t", "lease_until": received}
+        else:
+            lease = {"lease_token": "", "lease_until": None}
+        EventJob.objects.filter(id=job).update(status=status, **lease)
         assert EventJob.objects.get(id=job).status == status
+
+
+def test_the_database_checks_exactly_the_models_constraints() -> None:
+    """Every CHECK of the job and the partition in Django's state is one the database holds
+    (PostgreSQL: the 0014 trigger names it), and no other: a constraint changed on one side
+    only fails here."""
+    declared = set()
+    for model in (EventJob, Partition):
+        declared |= {c.name for c in model._meta.constraints if isinstance(c, CheckConstraint)}
+        declared |= {
+            f"{model._meta.db_table}_{f.column}_check"
+            for f in model._meta.concrete_fields
+            if f.db_parameters(connection)["check"]
+        }
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT prosrc FROM pg_proc WHERE proname IN "
+                "('feishu_inbox_job_check', 'feishu_inbox_partition_check')"
+            )
+            source = " ".join(r[0] for r in cur.fetchall())
+        held = set(re.findall(r"'(feishu_inbox_[a-z_]+)'", source))
+    else:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT sql FROM sqlite_master WHERE name IN "
+                "('feishu_inbox_eventjob', 'feishu_inbox_partition')"
+            )
+            source = " ".join(r[0] for r in cur.fetchall())
+        held = set(re.findall(r'CONSTRAINT "(feishu_inbox_[a-z_]+)" CHECK', source))
+        held |= {
+            f"{EventJob._meta.db_table}_{column}_check"
+            for column in re.findall(r'CHECK \("([a-z_]+)" >= 0\)', source)
+            + re.findall(r'CHECK \(\(JSON_VALID\("([a-z_]+)"\)', source)  # JSONField's
+        }
+    assert held == declared
 
 
 def test_a_job_holds_a_lease_exactly_while_running() -> None:

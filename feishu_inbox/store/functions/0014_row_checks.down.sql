@@ -1,4 +1,6 @@
 -- Undo 0014: the CHECK constraints back as Django wrote them (models.py), the triggers gone.
+-- Adding a CHECK reads the whole table under this lock: workers and the webhook wait for it.
+LOCK TABLE {partition}, {job} IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE {job}
     ADD CONSTRAINT feishu_inbox_job_status_valid CHECK (status IN ('{queued}', '{running}',
         '{retry_wait}', '{completed}', '{failed}', '{unknown}')),

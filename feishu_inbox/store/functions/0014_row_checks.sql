@@ -21,6 +21,10 @@
 -- SQLite keeps the CHECK constraints: it compiles them into each prepared statement.
 -- tests/test_row_checks.py holds every condition on both databases.
 
+-- The ledger's lock order (partition row, then job row), taken for the whole migration: run
+-- while workers and the webhook write, it can then wait for them but never deadlock with them.
+LOCK TABLE {partition}, {job} IN ACCESS EXCLUSIVE MODE;
+
 CREATE OR REPLACE FUNCTION feishu_inbox_job_check() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_failed text;
@@ -57,8 +61,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION feishu_inbox_partition_check() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF (NEW.head_state = '{idle}') = (NEW.head_id IS NULL) THEN
-        RETURN NEW;
+    IF ((NEW.head_state = '{idle}') = (NEW.head_id IS NULL)) IS NOT FALSE THEN
+        RETURN NEW;  -- NULL passes, as in a CHECK (head_state is NOT NULL anyway)
     END IF;
     RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"',
         TG_TABLE_NAME, 'feishu_inbox_partition_head_iff_busy'
