@@ -52,6 +52,13 @@ def test_a_job_status_must_be_one_of_the_statuses() -> None:
         assert EventJob.objects.get(id=job).status == status
 
 
+def _text(sql: str) -> str:
+    """The first column of every row of ``sql``, joined."""
+    with connection.cursor() as cur:
+        cur.execute(sql)
+        return " ".join(r[0] for r in cur.fetchall())
+
+
 def test_the_database_checks_exactly_the_models_constraints() -> None:
     """Every CHECK of the job and the partition in Django's state is one the database holds
     (PostgreSQL: the 0014 trigger names it), and no other: a constraint changed on one side
@@ -64,21 +71,17 @@ def test_the_database_checks_exactly_the_models_constraints() -> None:
             for f in model._meta.concrete_fields
             if f.db_parameters(connection)["check"]
         }
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT prosrc FROM pg_proc WHERE proname IN "
-                "('feishu_inbox_job_check', 'feishu_inbox_partition_check')"
-            )
-            source = " ".join(r[0] for r in cur.fetchall())
+    if connection.vendor == "postgresql":  # the triggers' source names what they check
+        source = _text(
+            "SELECT prosrc FROM pg_proc WHERE proname IN "
+            "('feishu_inbox_job_check', 'feishu_inbox_partition_check')"
+        )
         held = set(re.findall(r"'(feishu_inbox_[a-z_]+)'", source))
-    else:
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT sql FROM sqlite_master WHERE name IN "
-                "('feishu_inbox_eventjob', 'feishu_inbox_partition')"
-            )
-            source = " ".join(r[0] for r in cur.fetchall())
+    else:  # the tables' own SQL: named CHECKs, and Django's column checks
+        source = _text(
+            "SELECT sql FROM sqlite_master WHERE name IN "
+            "('feishu_inbox_eventjob', 'feishu_inbox_partition')"
+        )
         held = set(re.findall(r'CONSTRAINT "(feishu_inbox_[a-z_]+)" CHECK', source))
         held |= {
             f"{EventJob._meta.db_table}_{column}_check"
