@@ -24,6 +24,8 @@ from feishu_inbox.finishing import finish_together
 from feishu_inbox.handlers import TRANSIENT_ERRORS
 from feishu_inbox.models import EventJob
 
+from .processes import subprocess_database_url
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
 
 
@@ -152,13 +154,14 @@ def test_a_statement_waiting_on_a_lock_can_be_interrupted_and_is_cancelled() -> 
     """The wait is psycopg's, in slices: a signal's handler runs while a hot statement waits
     (runworker's second SIGTERM exits at once), and the interrupted query is cancelled."""
     enqueue(1)  # the partition row exists
-    blocker = psycopg.connect(_url())  # holds the chat's partition row, as an enqueue does
+    # holds the chat's partition row, as an enqueue does
+    blocker = psycopg.connect(subprocess_database_url())
     blocker.execute("SELECT 1 FROM feishu_inbox_partition WHERE key = 'c' FOR UPDATE")
     me = connection.connection.info.backend_pid
     interrupted, returned = threading.Event(), threading.Event()
 
     def interrupt_when_waiting() -> None:
-        with psycopg.connect(_url(), autocommit=True) as watch:
+        with psycopg.connect(subprocess_database_url(), autocommit=True) as watch:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not interrupted.is_set():
                 [(waiting,)] = watch.execute(
@@ -194,7 +197,7 @@ def test_a_statement_waiting_on_a_lock_can_be_interrupted_and_is_cancelled() -> 
 def test_a_connection_lost_mid_call_is_a_blink_the_worker_retries() -> None:
     enqueue(1)
     pid = connection.connection.info.backend_pid
-    with psycopg.connect(_url(), autocommit=True) as other:
+    with psycopg.connect(subprocess_database_url(), autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", (pid,))
     with pytest.raises(OperationalError) as caught:
         enqueue(2)
@@ -220,10 +223,3 @@ def test_nothing_is_prepared_when_the_site_says_so() -> None:
     [job] = ledger.claim("w")
     assert ledger.finish(job.lease) == "completed"
     assert prepared() == set()
-
-
-def _url() -> str:
-    params = connection.get_connection_params()
-    return psycopg.conninfo.make_conninfo(
-        **{k: v for k, v in params.items() if k in ("host", "port", "user", "password", "dbname")}
-    )
