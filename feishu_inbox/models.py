@@ -141,8 +141,11 @@ class EventJob(models.Model):
                 name="feishu_inbox_job_status_valid",
             ),
         ]
-        # Each index names the queries that read it (store/*.sql, admin). No per-job update is
-        # HOT: claim and finish change status, which every partial index's predicate names.
+        # Each index names the queries that read it (store/*.sql, admin). Claim and finish
+        # change status, which the partial indexes' predicates name, so neither update is HOT.
+        # The columns a running job's own updates change (renew's lease_until, the effect
+        # and step counters, the idempotency window) are in no index, so those updates are
+        # HOT when the row's page has room (tests/test_plans.py holds the rule).
         indexes = [
             # Next non-completed job of a partition: resync_head and the head lookup of
             # feishu_inbox_end_attempt, next_is_private / newer_private_waiting (supersede).
@@ -151,19 +154,16 @@ class EventJob(models.Model):
                 name="feishu_inbox_job_unresolved",
                 condition=~Q(status=Status.COMPLETED),
             ),
-            # expired_leases: the lease-expiry scan touches only running jobs.
-            models.Index(
-                fields=["lease_until"],
-                name="feishu_inbox_job_lease",
-                condition=Q(status=Status.RUNNING),
-            ),
             # completed_past_retention: the retention purge of completed jobs.
             models.Index(
                 fields=["finished_at"],
                 name="feishu_inbox_job_finished",
                 condition=Q(status=Status.COMPLETED),
             ),
-            # count_unresolved, due_and_delayed, the admin's status filter (newest first).
+            # count_unresolved, due_and_delayed, the admin's status filter (newest first), and
+            # expired_leases: the running jobs in id order, each lease checked (there are as
+            # many as the workers' slots). Migration 0016 dropped an index on lease_until for
+            # that scan: every renew changed it, so no renew could be HOT.
             models.Index(fields=["status", "id"], name="feishu_inbox_job_status"),
             # The admin's search by event id, replay_duplicate.
             models.Index(fields=["event_id"], name="feishu_inbox_job_event_id"),

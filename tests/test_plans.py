@@ -236,3 +236,19 @@ def test_a_new_sites_claim_never_sorts_its_partitions(function: str) -> None:
     for claim in (claims[0], claims[-1]):  # a custom plan and the cached one
         assert "Index Scan using feishu_inbox_part_claimable" in claim, claim
         assert "Sort" not in claim and "Seq Scan" not in claim, claim
+
+
+def test_the_lease_expiry_scan_reads_only_the_running_jobs() -> None:
+    """expired_leases (every worker's sweep) reads the running jobs through the status index,
+    in id order, never the backlog: at 200,000 waiting jobs its plan is one index range."""
+    from feishu_inbox.store import store
+
+    _fill()
+    with connection.cursor() as cur:
+        for i in range(3):
+            cur.execute(CLAIMS["feishu_inbox_claim"], [f"t{i}"])
+        sql = store().queries["expired_leases"].sql  # type: ignore[attr-defined]
+        cur.execute(f"EXPLAIN {sql}", {"limit": 100})
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "feishu_inbox_job_status" in plan and "Seq Scan" not in plan, plan
+    assert "Sort" not in plan, plan

@@ -13,7 +13,7 @@ from django.db import connection
 from feishu_inbox.store import store
 from feishu_inbox.store.postgres import PostgresStore
 from feishu_inbox.store.queries import QueryFileError, load, parse_query_file, render
-from feishu_inbox.store.schema import SQL_NAMES
+from feishu_inbox.store.schema import JOB_TABLE, SQL_NAMES
 from feishu_inbox.store.sqlite import SqliteStore
 
 PACKAGE = Path(__file__).resolve().parent.parent / "feishu_inbox"
@@ -201,3 +201,37 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     [job] = ledger.claim("w")
     ledger.renew(job.lease)
     assert ledger.finish(job.lease) == "completed"
+
+
+#: What a running job's own updates change (renew; begin_effect and end_effect; record_step's
+#: first step): in no index of the job table, so each of those updates can be HOT (written in
+#: the row's page, with no new index entry) while the job runs.
+RUNNING_JOB_COLUMNS = (
+    "lease_until",
+    "effects_in_flight",
+    "side_effect_started",
+    "effect_uncertain",
+    "idempotent_effect",
+    "idempotent_since",
+    "idempotent_until",
+    "idempotent_window",
+    "has_steps",
+)
+
+
+@pytest.mark.django_db
+def test_no_index_of_the_job_table_names_what_a_running_jobs_updates_change() -> None:
+    """An index naming a column, as a key or in its predicate, makes every update of that
+    column write a new entry in every index of the table. A new index on one of these would
+    make each heartbeat and effect of a long job cost as much as its claim (migration 0016)."""
+    if connection.vendor == "postgresql":
+        query = "SELECT indexdef FROM pg_indexes WHERE tablename = %s"
+    else:
+        query = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s"
+    with connection.cursor() as cur:
+        cur.execute(query, [JOB_TABLE])
+        definitions = [row[0] for row in cur.fetchall() if row[0]]
+    assert any("partition_key" in d for d in definitions), definitions  # the catalog was read
+    for definition in definitions:
+        named = set(re.findall(r"\w+", definition)) & set(RUNNING_JOB_COLUMNS)
+        assert not named, f"{definition} names {named}"

@@ -26,7 +26,8 @@ LEFT JOIN (
 WHERE key = %(partition_key)s
 
 -- expired_leases --
--- Running jobs whose lease passed, oldest first (an index probe on the running jobs' lease).
+-- Running jobs whose lease passed, oldest first: the running jobs through the status index
+-- (status, id), as many as the workers' slots, each one's lease checked.
 SELECT id, partition_key FROM {job}
 WHERE status = '{running}' AND lease_until <= now()
 ORDER BY id LIMIT %(limit)s
