@@ -244,6 +244,14 @@ class Worker:
 
     def run(self) -> int:
         previous = self._install_signals()
+        try:
+            return self._run()
+        finally:
+            # Whatever ends the run (a failed warm-up too): a worker run inside a site's own
+            # process, or a test's, leaves that process's signal handlers as it found them.
+            self._restore_signals(previous)
+
+    def _run(self) -> int:
         if openapi.warm_up():  # seconds of imports, before any lease runs
             log.info("worker %s: Feishu SDK loaded for %s", self.worker_id, openapi.sending_apps())
         for name, target in (
@@ -271,7 +279,6 @@ class Worker:
             self._wake.set()
             self._check_now.set()
             self._schedules_changed.set()
-            self._restore_signals(previous)
             connections.close_all()
         log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
         return 0

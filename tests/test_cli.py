@@ -216,3 +216,27 @@ def test_schedules_list_pause_resume_run_now_with_the_user_recorded() -> None:
         "Run now (manage.py inbox)",
     ]
     assert json.loads(inbox("schedules", "--json"))[0]["last_job_status"] == "queued"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_in_process_leaves_the_signal_handlers_as_it_found_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """runworker installs its SIGTERM/SIGINT handlers on the main thread; a run inside a
+    site's own process (or a test's) gives the old ones back however it ends, a failed
+    start included. Else Ctrl-C in that process would only ask a finished worker to stop."""
+    import signal
+
+    from feishu_inbox import openapi
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    call_command("runworker", "--burst", "-v", "0")
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+    def broken_warm_up() -> bool:
+        raise RuntimeError("the Feishu SDK failed to load")
+
+    monkeypatch.setattr(openapi, "warm_up", broken_warm_up)
+    with pytest.raises(RuntimeError, match="failed to load"):
+        call_command("runworker", "--burst", "-v", "0")
+    assert {sig: signal.getsignal(sig) for sig in before} == before
