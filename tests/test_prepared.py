@@ -8,7 +8,7 @@ Either way the results and the errors are the same.
 
 from __future__ import annotations
 
-import _thread
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -152,25 +152,33 @@ def test_a_value_psycopg_cannot_send_is_a_data_error() -> None:
 
 def test_a_statement_waiting_on_a_lock_can_be_interrupted_and_is_cancelled() -> None:
     """The wait is psycopg's, in slices: a signal's handler runs while a hot statement waits
-    (runworker's second SIGTERM exits at once), and the interrupted query is cancelled."""
+    (runworker's second SIGTERM exits at once), and the interrupted query is cancelled. The
+    signal is a real SIGINT sent to the main thread, as Ctrl-C or a supervisor sends it."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
+        "an earlier test left its own SIGINT handler installed"
+    )
     enqueue(1)  # the partition row exists
     # holds the chat's partition row, as an enqueue does
     blocker = psycopg.connect(subprocess_database_url())
     blocker.execute("SELECT 1 FROM feishu_inbox_partition WHERE key = 'c' FOR UPDATE")
     me = connection.connection.info.backend_pid
+    main = threading.main_thread().ident
+    assert main is not None
     interrupted, returned = threading.Event(), threading.Event()
+    seen: list[object] = []  # what the watcher read of this session, for a failure's message
 
     def interrupt_when_waiting() -> None:
         with psycopg.connect(subprocess_database_url(), autocommit=True) as watch:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not interrupted.is_set():
-                [(waiting,)] = watch.execute(
-                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                seen[:] = watch.execute(
+                    "SELECT wait_event_type, wait_event, state FROM pg_stat_activity "
+                    "WHERE pid = %s",
                     (me,),
                 ).fetchall()
-                if waiting:
-                    _thread.interrupt_main()
+                if seen and seen[0][0] == "Lock":  # type: ignore[index]
                     interrupted.set()
+                    signal.pthread_kill(main, signal.SIGINT)
                 else:
                     time.sleep(0.01)  # polling pg_stat_activity until the wait shows
         # Never hang the suite: a wait that cannot be interrupted ends when the lock goes
@@ -180,15 +188,18 @@ def test_a_statement_waiting_on_a_lock_can_be_interrupted_and_is_cancelled() -> 
 
     watcher = threading.Thread(target=interrupt_when_waiting)
     watcher.start()
+    raised = False
     try:
-        with pytest.raises(KeyboardInterrupt):
-            enqueue(2)
+        enqueue(2)
+    except KeyboardInterrupt:
+        raised = True
     finally:
         returned.set()
         watcher.join()
         blocker.rollback()
         blocker.close()
-    assert interrupted.is_set()
+    assert interrupted.is_set(), f"the statement never waited on the lock: {seen}"
+    assert raised, "SIGINT arrived while the statement waited, but it went on to the end"
     connection.close()  # as after any interrupted query
     assert EventJob.objects.count() == 1  # cancelled: nothing of it stored
     enqueue(3)
