@@ -145,7 +145,7 @@ class EventJob(models.Model):
         # change status, which the partial indexes' predicates name, so neither update is HOT.
         # The columns a running job's own updates change (renew's lease_until, the effect
         # and step counters, the idempotency window) are in no index, so those updates are
-        # HOT when the row's page has room (tests/test_plans.py holds the rule).
+        # HOT when the row's page has room (tests/test_store.py holds the rule).
         indexes = [
             # Next non-completed job of a partition: resync_head and the head lookup of
             # feishu_inbox_end_attempt, next_is_private / newer_private_waiting (supersede).

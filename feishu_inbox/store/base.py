@@ -226,7 +226,9 @@ class SqlStore:
     # --- recovery, operators, retention ----------------------------------------------------
 
     def expire_leases(self, *, max_attempts: int, limit: int) -> list[Row]:
-        if not self.rows("expired_leases", {"limit": 1}):  # the usual case: one index probe
+        # The usual case: nothing expired. One read of the running jobs (as many as the workers'
+        # slots), through the status index, without locking anything.
+        if not self.rows("expired_leases", {"limit": 1}):
             return []
         with self.transaction():
             candidates = self.rows("expired_leases", {"limit": limit})
