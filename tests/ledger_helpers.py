@@ -27,6 +27,14 @@ def snapshot(job_id: int) -> tuple[Any, ...]:
     return (job, part, tuple(attempts))
 
 
+def catalog_texts(sql: str, params: list[Any] | None = None) -> list[str]:
+    """The first column of every row of a catalog query (a table's or a function's SQL, an
+    index's definition), leaving out NULLs (SQLite's implicit indexes have no SQL)."""
+    with connection.cursor() as cur:
+        cur.execute(sql, params or [])
+        return [row[0] for row in cur.fetchall() if row[0]]
+
+
 def expire_lease(job_id: int) -> None:
     """Make a running job's lease lie in the past, as if its worker stopped renewing."""
     updated = EventJob.objects.filter(pk=job_id, status="running").update(

@@ -19,6 +19,8 @@ from django.db.models import CheckConstraint
 from feishu_inbox import ledger
 from feishu_inbox.models import EventJob, Partition, Status
 
+from .ledger_helpers import catalog_texts
+
 pytestmark = pytest.mark.django_db
 
 
@@ -52,13 +54,6 @@ def test_a_job_status_must_be_one_of_the_statuses() -> None:
         assert EventJob.objects.get(id=job).status == status
 
 
-def _text(sql: str) -> str:
-    """The first column of every row of ``sql``, joined."""
-    with connection.cursor() as cur:
-        cur.execute(sql)
-        return " ".join(r[0] for r in cur.fetchall())
-
-
 def test_the_database_checks_exactly_the_models_constraints() -> None:
     """Every CHECK of the job and the partition in Django's state is one the database holds
     (PostgreSQL: the 0014 trigger names it), and no other: a constraint changed on one side
@@ -72,15 +67,19 @@ def test_the_database_checks_exactly_the_models_constraints() -> None:
             if f.db_parameters(connection)["check"]
         }
     if connection.vendor == "postgresql":  # the triggers' source names what they check
-        source = _text(
-            "SELECT prosrc FROM pg_proc WHERE proname IN "
-            "('feishu_inbox_job_check', 'feishu_inbox_partition_check')"
+        source = " ".join(
+            catalog_texts(
+                "SELECT prosrc FROM pg_proc WHERE proname IN "
+                "('feishu_inbox_job_check', 'feishu_inbox_partition_check')"
+            )
         )
         held = set(re.findall(r"'(feishu_inbox_[a-z_]+)'", source))
     else:  # the tables' own SQL: named CHECKs, and Django's column checks
-        source = _text(
-            "SELECT sql FROM sqlite_master WHERE name IN "
-            "('feishu_inbox_eventjob', 'feishu_inbox_partition')"
+        source = " ".join(
+            catalog_texts(
+                "SELECT sql FROM sqlite_master WHERE name IN "
+                "('feishu_inbox_eventjob', 'feishu_inbox_partition')"
+            )
         )
         held = set(re.findall(r'CONSTRAINT "(feishu_inbox_[a-z_]+)" CHECK', source))
         held |= {

@@ -16,6 +16,8 @@ from feishu_inbox.store.queries import QueryFileError, load, parse_query_file, r
 from feishu_inbox.store.schema import JOB_TABLE, SQL_NAMES
 from feishu_inbox.store.sqlite import SqliteStore
 
+from .ledger_helpers import catalog_texts
+
 PACKAGE = Path(__file__).resolve().parent.parent / "feishu_inbox"
 STORES = {"postgres.sql": PostgresStore, "sqlite.sql": SqliteStore}
 
@@ -228,9 +230,7 @@ def test_no_index_of_the_job_table_names_what_a_running_jobs_updates_change() ->
         query = "SELECT indexdef FROM pg_indexes WHERE tablename = %s"
     else:
         query = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s"
-    with connection.cursor() as cur:
-        cur.execute(query, [JOB_TABLE])
-        definitions = [row[0] for row in cur.fetchall() if row[0]]
+    definitions = catalog_texts(query, [JOB_TABLE])
     assert any("partition_key" in d for d in definitions), definitions  # the catalog was read
     for definition in definitions:
         named = set(re.findall(r"\w+", definition)) & set(RUNNING_JOB_COLUMNS)
