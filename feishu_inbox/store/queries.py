@@ -95,3 +95,14 @@ def function_file(filename: str) -> str:
     """A versioned stored-function file (``functions/…``), rendered, for a migration."""
     path = resources.files(__package__).joinpath("functions", filename)
     return render(path.read_text(encoding="utf-8"), source=filename)
+
+
+def current_functions() -> str:
+    """``functions.sql``, rendered: the current definition of every stored function and row
+    trigger (PostgreSQL), as the newest versioned file of each left it.
+
+    Migrations never load it (they load the versioned files, ``function_file``);
+    tests/store/test_functions.py proves it equals what they leave in a migrated database.
+    """
+    path = resources.files(__package__).joinpath("functions.sql")
+    return render(path.read_text(encoding="utf-8"), source="functions.sql")

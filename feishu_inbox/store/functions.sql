@@ -1,0 +1,485 @@
+-- The PostgreSQL store's stored functions and row triggers AS THEY ARE NOW: every live one,
+-- once, each exactly as the newest versioned file (functions/NNNN_*.sql) that defines it left
+-- it, with that file's explanation. Read this file to know what the claim (or any other
+-- function) is today; the versioned files are its history.
+--
+-- Migrations never load this file. A database gets its functions from the versioned files, in
+-- migration order (store/migration.py, RunPostgresFunctions), so that an old database upgrades
+-- (and migrates back) exactly as it always did. This file is rendered the same way
+-- (queries.current_functions: queries.render with schema.SQL_NAMES).
+--
+-- The rule for changing a function (or a trigger): edit it here AND add a new versioned file
+-- functions/NNNN_<what>.sql holding its new definition (with a reverse: a .down.sql, or the
+-- earlier files loaded again) and a migration that loads it (RunPostgresFunctions). Never edit
+-- an old versioned file: databases that ran it keep what it said. A new function is added in
+-- both places the same way; a dropped one is removed here and dropped by a new versioned file.
+-- tests/store/test_functions.py loads this file into a scratch schema and compares it with a
+-- freshly migrated database, function by function (pg_get_functiondef: signature, result,
+-- attributes and every character of the body) and trigger by trigger; a definition that
+-- differs, or a function or trigger on one side only, fails it.
+--
+-- (From 0002_postgres_functions.sql:) Each function runs the same steps as the SQLite store
+-- (``sqlite.sql``), under the same query names, marked here as comments: lock the partition
+-- row first, then recompute its head in a later statement. Inside a VOLATILE PL/pgSQL function
+-- each statement takes a new snapshot under READ COMMITTED, so the head recomputation sees
+-- every enqueue that committed before the lock was granted.
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_now_plus: as in 0005_clock.sql (migration 0005_clock_function).
+--
+-- feishu_inbox_now_plus(seconds): the database's clock plus that many seconds, so the queries
+-- PostgreSQL and SQLite share (common.sql) read one clock expression. SQLite's store registers
+-- a function of the same name on each connection. A single-SELECT STABLE SQL function:
+-- PostgreSQL inlines it into the calling query.
+CREATE OR REPLACE FUNCTION feishu_inbox_now_plus(p_seconds float8) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT now() + p_seconds * interval '1 second'
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_enqueue: as in 0007_cancel_and_attempts.sql (migration
+-- 0007_cancel_replay_retry_policy).
+--
+-- (0006:) feishu_inbox_enqueue also notifies for a private message, so the worker running its
+-- chat's job looks for the newer message at once.
+-- (0007:) a job may carry its own max_attempts (its handler's retry policy, given at enqueue;
+-- NULL: the site's, p_max_attempts) and an operator's cancel_requested:
+-- * feishu_inbox_enqueue takes p_max_attempts (its changed signature is dropped first:
+--   CREATE OR REPLACE would add an overload).
+-- (0013:) The head is set elsewhere only by resync_head (common.sql) and, for an idle
+-- partition, by feishu_inbox_enqueue's set_first_head: a new job's priority is 0 then (the
+-- column's default), and a task's priority is set after it in the same transaction
+-- (defer_and_rank_job and defer_and_rank_head in common.sql), so the enqueue is unchanged.
+CREATE OR REPLACE FUNCTION feishu_inbox_enqueue(
+    p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
+    p_private boolean, p_payload jsonb, p_max_attempts integer
+) RETURNS TABLE (job_id bigint, created boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    v_head bigint;
+    v_id bigint;
+BEGIN
+    -- enqueue_partition: lock (or create) the partition row. Enqueues into one partition
+    -- serialise here, so the id (receipt sequence) taken next is in commit order within the
+    -- partition. Locking an existing row is cheaper than rewriting it with ON CONFLICT DO
+    -- UPDATE (15 percent more enqueues at 8 clients).
+    SELECT p.head_id INTO v_head FROM {partition} p WHERE p.key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {partition} AS p (key, head_id, head_state, head_due_at)
+        VALUES (p_key, NULL, '{idle}', NULL)
+        ON CONFLICT (key) DO UPDATE SET key = excluded.key
+        RETURNING p.head_id INTO v_head;
+    END IF;
+
+    -- enqueue_job
+    INSERT INTO {job} (app, event_id, event_type, dedupe_key, partition_key, private_message,
+        payload, status, attempt, max_attempts, received_at, available_at, worker_id,
+        lease_token, effects_in_flight, side_effect_started, effect_uncertain, cancel_requested,
+        error_type, error_message, resolution)
+    VALUES (p_app, p_event_id, p_event_type, p_dedupe, p_key, p_private, p_payload, '{queued}',
+        0, p_max_attempts, now(), now(), '', '', 0, FALSE, FALSE, FALSE, '', '', '')
+    ON CONFLICT (app, dedupe_key) DO NOTHING
+    RETURNING id INTO v_id;
+
+    IF v_id IS NULL THEN
+        -- duplicate_of
+        SELECT j.id INTO v_id FROM {job} j WHERE j.app = p_app AND j.dedupe_key = p_dedupe;
+        RETURN QUERY SELECT v_id, FALSE;
+        RETURN;
+    END IF;
+    IF v_head IS NULL THEN
+        -- set_first_head
+        UPDATE {partition} SET head_id = v_id, head_state = '{queued}', head_due_at = now()
+        WHERE key = p_key;
+    END IF;
+    -- notify: a new head is claimable; a private message may supersede the chat's running
+    -- job (SPEC §4), so the worker running it looks at once instead of at its next tick.
+    IF v_head IS NULL OR p_private THEN
+        PERFORM pg_notify('{channel}', left(p_key, 200));
+    END IF;
+    RETURN QUERY SELECT v_id, TRUE;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_end_attempt: as in 0015_end_attempt_statements.sql (migration
+-- 0015_end_attempt_statements).
+--
+-- (0006:) feishu_inbox_end_attempt records the lease token on the attempt's history row, so a
+-- worker that retries the end of its attempt after a lost reply can find that its first try
+-- landed (common.sql: ended_with).
+-- (0007:) feishu_inbox_end_attempt's fail path: a cancelled job completes as Cancelled instead
+-- of being retried; the job's own attempts come before the site's.
+-- (0011:) idempotent effects (SPEC §3 Effects). Only the fail path of feishu_inbox_end_attempt
+-- changes, with the same signature:
+-- * an attempt whose every effect was idempotent fails to retry_wait, not unknown, when it
+--   runs again inside the job's window (idempotent_until after now() + p_retry_in); then
+--   nothing is in flight or uncertain any more (it re-issues them with the same keys);
+-- * p_retry_in NULL is a final failure (retrying cannot help, e.g. Feishu refused the
+--   request): failed when every effect started was idempotent and settled, else unknown.
+-- The rule is schema.status_after(), the one SQLite's fail_job and lease expiry use too.
+-- (0012:) the partition's new head is read by a static statement, not by EXECUTE (parsed and
+-- planned on every call). It is the same query as before, the first non-completed job of the
+-- partition, relying on nothing about earlier jobs, written so that its generic plan reads
+-- the partial index feishu_inbox_job_unresolved (partition_key, id) WHERE NOT completed
+-- whatever the statistics say (tests/test_plans.py holds both plans at 200,000 waiting jobs).
+-- (0013:) the head lookup also reads the new head's priority.
+-- (0015:) feishu_inbox_end_attempt in three statements instead of five, the same steps in the
+-- same order. Each statement a PL/pgSQL function runs costs an executor start and end whatever
+-- it does (about a seventh of the backend's CPU per job after 0014); measured with the stored
+-- functions alone (pgbench, one client, commits not flushed), a finish with its next claim
+-- took 0.92 of the time.
+-- * The job's update and its history row are one statement: the row goes from the update's
+--   RETURNING (the values the row has after it) into the attempt, where a second statement
+--   read the row again by id. Nothing is recorded when the fence matched nothing (v_status
+--   stays NULL, as before).
+-- * The new head is read inside the partition's update, as a row subquery: no head leaves
+--   the partition idle (the LEFT JOIN gives one row of NULLs). The head lookup is the same
+--   query, with the same plan (tests/test_plans.py).
+-- The lock order is unchanged: the partition row first, then the job's.
+CREATE OR REPLACE FUNCTION feishu_inbox_end_attempt(
+    p_id bigint, p_worker text, p_token text, p_key text, p_fail boolean,
+    p_error_type text, p_error_message text, p_max_attempts integer, p_retry_in float8
+) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+BEGIN
+    -- lock_partitions
+    PERFORM 1 FROM {partition} WHERE key = p_key FOR UPDATE;
+    IF p_fail THEN
+        -- fail_job and record_attempts: one statement
+        WITH ended AS (UPDATE {job} SET
+            status = {status_after_fail_function},
+            available_at = CASE WHEN {status_after_fail_function} = '{retry_wait}'
+                THEN now() + p_retry_in * interval '1 second' ELSE available_at END,
+            {settle_after_fail_function},
+            finished_at = now(),
+            error_type = CASE WHEN {status_after_fail_function} = '{completed}'
+                THEN 'Cancelled' ELSE p_error_type END,
+            error_message = p_error_message,
+            lease_token = '', lease_until = NULL
+        WHERE id = p_id AND status = '{running}' AND worker_id = p_worker
+          AND lease_token = p_token AND lease_until > now()
+        RETURNING id, attempt, worker_id, claimed_at, status, error_type, error_message)
+        INSERT INTO {attempt} (job_id, number, worker_id, started_at, ended_at, outcome,
+                               error_type, error_message, lease_token)
+        SELECT id, attempt, worker_id, COALESCE(claimed_at, now()), now(), status, error_type,
+               error_message, p_token
+        FROM ended
+        RETURNING outcome INTO v_status;
+    ELSE
+        -- finish_job and record_attempts: one statement
+        WITH ended AS (UPDATE {job} SET
+            status = CASE WHEN {effect_open} THEN '{unknown}' ELSE '{completed}' END,
+            error_type = CASE WHEN {effect_open} THEN 'UncertainEffect' ELSE p_error_type END,
+            error_message = CASE WHEN {effect_open} THEN {uncertain_message} ELSE '' END,
+            finished_at = now(), lease_token = '', lease_until = NULL
+        WHERE id = p_id AND status = '{running}' AND worker_id = p_worker
+          AND lease_token = p_token AND lease_until > now()
+        RETURNING id, attempt, worker_id, claimed_at, status, error_type, error_message)
+        INSERT INTO {attempt} (job_id, number, worker_id, started_at, ended_at, outcome,
+                               error_type, error_message, lease_token)
+        SELECT id, attempt, worker_id, COALESCE(claimed_at, now()), now(), status, error_type,
+               error_message, p_token
+        FROM ended
+        RETURNING outcome INTO v_status;
+    END IF;
+    IF v_status IS NULL THEN
+        RETURN NULL;  -- lease lost: nothing changed
+    END IF;
+    -- resync_head: the first non-completed job of the whole partition, by definition of the
+    -- head, so it needs no proof about the jobs before p_id: whatever they are (retry_wait,
+    -- failed, unknown: still unresolved, the head goes back to them; cancelled or superseded
+    -- private messages: completed, skipped; a replayed job moved to a new id; a job with steps
+    -- or a schedule's job, which are ordinary jobs), the answer is the same as resync_head's in
+    -- common.sql (tests/test_finishing.py forces each case). Static, so its plan is cached;
+    -- the order matches the partial index (partition_key, id), whose first entry for the key
+    -- is the answer. The key is written as a range of one value (>= and <=, the same rows as
+    -- =): with `partition_key = p_key` the key is a constant of the ORDER BY, so the primary
+    -- key's order serves it too, and a generic plan made while one chat holds nearly every
+    -- row (statistics: one distinct key) walks the primary key through that chat's whole
+    -- backlog to find another chat's head (bench/claim_backlog.py: 34 ms a job). A range
+    -- leaves the primary key no such order, so every plan reads the partial index
+    -- (tests/test_plans.py holds it with such statistics at 200,000 waiting jobs).
+    UPDATE {partition} SET (head_id, head_state, head_due_at, head_priority) = (
+        SELECT h.id, COALESCE(h.status, '{idle}'), h.available_at, COALESCE(h.priority, 0)
+        FROM (SELECT) AS one LEFT JOIN LATERAL (
+            SELECT j.id, j.status, j.available_at, j.priority
+            FROM {job} j
+            WHERE j.partition_key >= p_key AND j.partition_key <= p_key
+              AND NOT (j.status = '{completed}')
+            ORDER BY j.partition_key, j.id LIMIT 1
+        ) AS h ON TRUE)
+    WHERE key = p_key;
+    RETURN v_status;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_claim: as in 0013_priority.sql (migration 0013_priority).
+--
+-- (0007:) feishu_inbox_claim clears cancel_requested.
+-- (0012:) a worker claims one job at a time (a finish claims its slot's next one), so LIMIT 1
+-- is written as a literal in a branch of its own. Its cached generic plan is then the custom
+-- plan (the partial index feishu_inbox_part_claimable, in head order): nothing to re-plan per
+-- call. Other limits keep `LIMIT p_limit` (planned per call, as before; a generic plan there
+-- guesses the limit and sequentially scans the partitions).
+-- (0013:) priority. A job carries a priority (a django.tasks task's; 0 for Feishu events and
+-- schedules), and its partition's row carries its head's (head_priority, 0 when idle). The
+-- claim takes due heads by priority, highest first, then by receipt sequence, through the
+-- partial index feishu_inbox_part_claimable (head_priority DESC, head_id): the same one index
+-- probe as before, in index order, with no sort. A priority never reorders a partition: an
+-- ordered partition's later jobs wait for its head whatever their priority.
+-- * feishu_inbox_claim: ORDER BY head_priority DESC, head_id (both branches), and planned
+--   with sorts and sequential scans forbidden (its SET clauses). Every claim must read the
+--   claimable index in order; but before autovacuum first analyses the tables (a new site's
+--   first minutes, a benchmark) the planner's defaults expect a claimable partition or two,
+--   and reading every due partition through feishu_inbox_part_due and sorting them then
+--   looks cheaper: a claim cost a sort of every waiting chat (0.5 ms at 1,000 chats, growing
+--   with the chats), and the session kept that plan. tests/test_plans.py holds both plans of
+--   both claims on the index without statistics.
+CREATE OR REPLACE FUNCTION feishu_inbox_claim(
+    p_worker text, p_token text, p_lease float8, p_limit integer
+) RETURNS SETOF {job} LANGUAGE plpgsql
+SET enable_sort = off SET enable_seqscan = off AS $$
+BEGIN
+    -- claimable_heads, claim_partitions and claim_jobs in one statement. The two branches
+    -- differ only in their LIMIT.
+    IF p_limit = 1 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT key, head_id FROM {partition}
+            WHERE head_state IN {claimable} AND head_due_at <= now()
+            ORDER BY head_priority DESC, head_id LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ), part AS (
+            UPDATE {partition} SET head_state = '{running}' FROM picked
+            WHERE {partition}.key = picked.key
+        )
+        UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+            worker_id = p_worker, lease_token = p_token,
+            lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+            error_type = '', error_message = '', cancel_requested = FALSE
+        FROM picked
+        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        RETURNING {job}.*;
+    ELSIF p_limit > 1 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT key, head_id FROM {partition}
+            WHERE head_state IN {claimable} AND head_due_at <= now()
+            ORDER BY head_priority DESC, head_id LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ), part AS (
+            UPDATE {partition} SET head_state = '{running}' FROM picked
+            WHERE {partition}.key = picked.key
+        )
+        UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+            worker_id = p_worker, lease_token = p_token,
+            lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+            error_type = '', error_message = '', cancel_requested = FALSE
+        FROM picked
+        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        RETURNING {job}.*;
+    END IF;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_claim_prefixed: as in 0013_priority.sql (migration 0013_priority).
+--
+-- (0010:) a claim for a worker that runs some queues of django.tasks tasks only
+-- (``runworker --queue``; feishu_inbox/tasks/). A task's partition key starts with its queue
+-- (``task:<queue>:``), so the filter is on the partition row the claim reads anyway.
+-- feishu_inbox_claim is unchanged: an unfiltered worker pays nothing for it.
+-- (0013:) the same order and SET clauses as feishu_inbox_claim, and (as feishu_inbox_claim
+-- since 0012) a branch with a literal LIMIT 1, so its cached generic plan is the custom one.
+--
+-- feishu_inbox_claim plus one predicate (marked below): a change to one belongs in the other.
+CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
+    p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[]
+) RETURNS SETOF {job} LANGUAGE plpgsql
+SET enable_sort = off SET enable_seqscan = off AS $$
+BEGIN
+    -- claimable_heads_in_queues, claim_partitions and claim_jobs in one statement. The two
+    -- branches differ only in their LIMIT.
+    IF p_limit = 1 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT p.key, p.head_id FROM {partition} p
+            WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+              -- the one difference from feishu_inbox_claim: the key starts with a prefix
+              AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
+                          WHERE left(p.key, length(q.prefix)) = q.prefix)
+            ORDER BY p.head_priority DESC, p.head_id LIMIT 1
+            FOR UPDATE OF p SKIP LOCKED
+        ), part AS (
+            UPDATE {partition} SET head_state = '{running}' FROM picked
+            WHERE {partition}.key = picked.key
+        )
+        UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+            worker_id = p_worker, lease_token = p_token,
+            lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+            error_type = '', error_message = '', cancel_requested = FALSE
+        FROM picked
+        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        RETURNING {job}.*;
+    ELSIF p_limit > 1 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT p.key, p.head_id FROM {partition} p
+            WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+              -- the one difference from feishu_inbox_claim: the key starts with a prefix
+              AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
+                          WHERE left(p.key, length(q.prefix)) = q.prefix)
+            ORDER BY p.head_priority DESC, p.head_id LIMIT p_limit
+            FOR UPDATE OF p SKIP LOCKED
+        ), part AS (
+            UPDATE {partition} SET head_state = '{running}' FROM picked
+            WHERE {partition}.key = picked.key
+        )
+        UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+            worker_id = p_worker, lease_token = p_token,
+            lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+            error_type = '', error_message = '', cancel_requested = FALSE
+        FROM picked
+        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        RETURNING {job}.*;
+    END IF;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_finish_together: as in 0013_priority.sql (migration 0013_priority); new in
+-- 0012_hot_path.sql: several finishes and their claims in one statement. (0013:) it takes the
+-- queue prefixes of a `runworker --queue` worker (NULL: every queue), so such a worker's
+-- finishes go together too (0013 dropped the signature without p_prefixes first).
+--
+-- feishu_inbox_finish_together: the finishes of a worker's slots that ended together, and
+-- each one's next claim, in one statement and one commit (the worker sends them together when
+-- they end while another finish of its is being written). Each finish is fenced on its own,
+-- by feishu_inbox_end_attempt: one whose lease was lost ends NULL, claims nothing and changes
+-- nothing, and the others go on. Partition rows are locked in key order (as everywhere: the
+-- lock order is partition, then job); the claims come after every finish, each with its own
+-- token (p_new_tokens; '' claims nothing), so a worker whose reply was lost finds each
+-- slot's job by its token (claimed_with). One row per finish, in the order given. p_prefixes:
+-- the queue prefixes of a `runworker --queue` worker, whose claims take only those queues'
+-- partitions (feishu_inbox_claim_prefixed); NULL for a worker of every queue.
+CREATE OR REPLACE FUNCTION feishu_inbox_finish_together(
+    p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[],
+    p_new_tokens text[], p_lease float8, p_prefixes text[]
+) RETURNS TABLE (finished_id bigint, ended_status text, claimed {job})
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    v_status text[] := array_fill(NULL::text, ARRAY[cardinality(p_ids)]);
+BEGIN
+    FOR i IN SELECT k.n FROM unnest(p_keys) WITH ORDINALITY AS k(key, n) ORDER BY k.key LOOP
+        v_status[i] := feishu_inbox_end_attempt(p_ids[i], p_worker, p_tokens[i], p_keys[i],
+            FALSE, p_error_types[i], '', 0, 0);
+    END LOOP;
+    FOR i IN 1 .. cardinality(p_ids) LOOP
+        finished_id := p_ids[i];
+        ended_status := v_status[i];
+        claimed := NULL;
+        IF v_status[i] IS NOT NULL AND p_new_tokens[i] <> '' THEN
+            IF p_prefixes IS NULL THEN
+                SELECT * INTO claimed
+                FROM feishu_inbox_claim(p_worker, p_new_tokens[i], p_lease, 1);
+            ELSE
+                SELECT * INTO claimed
+                FROM feishu_inbox_claim_prefixed(p_worker, p_new_tokens[i], p_lease, 1,
+                                                 p_prefixes);
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Row checks: feishu_inbox_job_check and feishu_inbox_partition_check, and their triggers, as
+-- in 0014_row_checks.sql (migration 0014_row_checks), which also dropped the CHECK constraints
+-- they replace.
+--
+-- On PostgreSQL the job's and the partition's CHECK constraints become row triggers that
+-- check the same conditions and fail the same way (SQLSTATE 23514, check_violation, under the
+-- constraint's name: Django raises IntegrityError as before).
+--
+-- Why: PostgreSQL keeps a CHECK constraint as the text of its expression tree and, for every
+-- statement that writes the table, parses that text again, plans it and builds its executor
+-- state (ExecRelCheck: stringToNode, expression_planner, ExecPrepareExpr), before checking a
+-- single row. The job table's six checks are 6.5 KB of such text; a job writes its row three
+-- times and its partition's row two or three times. Measured with the stored functions alone
+-- (pgbench, one client, commits not flushed so that only CPU counts): those parses were
+-- about a fifth of the backend's CPU per job; with these triggers an enqueue costs 0.78 and
+-- a finish with its next claim 0.80 of what they did, within a few percent of no checks at
+-- all. A PL/pgSQL trigger compiles once per session, and its conditions are simple
+-- expressions whose plans stay cached.
+--
+-- The conditions are the constraints' (models.py), NULL passing as in a CHECK:
+-- * feishu_inbox_job_status_valid: the status is one of the job statuses;
+-- * feishu_inbox_job_lease_iff_running: a lease (until, token, worker) exactly while running;
+-- * the PositiveIntegerField checks of attempt, effects_in_flight, replays, max_attempts;
+-- * feishu_inbox_partition_head_iff_busy: a head exactly when the partition is not idle.
+-- SQLite keeps the CHECK constraints: it compiles them into each prepared statement.
+-- tests/test_row_checks.py holds every condition on both databases.
+
+CREATE OR REPLACE FUNCTION feishu_inbox_job_check() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_failed text;
+BEGIN
+    IF NOT (NEW.status = ANY (ARRAY['{queued}', '{running}', '{retry_wait}', '{completed}',
+                                    '{failed}', '{unknown}'])) THEN
+        v_failed := 'feishu_inbox_job_status_valid';
+    ELSIF NOT (CASE WHEN NEW.status = '{running}'
+                    THEN NEW.lease_until IS NOT NULL AND NEW.lease_token <> ''
+                         AND NEW.worker_id <> ''
+                    ELSE NEW.lease_until IS NULL AND NEW.lease_token = '' END) THEN
+        v_failed := 'feishu_inbox_job_lease_iff_running';
+    ELSIF NEW.attempt < 0 THEN
+        v_failed := '{job}_attempt_check';
+    ELSIF NEW.effects_in_flight < 0 THEN
+        v_failed := '{job}_effects_in_flight_check';
+    ELSIF NEW.replays < 0 THEN
+        v_failed := '{job}_replays_check';
+    ELSIF NEW.max_attempts < 0 THEN
+        v_failed := '{job}_max_attempts_check';
+    ELSE
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"',
+        TG_TABLE_NAME, v_failed
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_failed, TABLE = TG_TABLE_NAME,
+              SCHEMA = TG_TABLE_SCHEMA,
+              DETAIL = format('Job %s: status %L, lease_until %s, lease_token %L, '
+                              'worker_id %L, attempt %s.', NEW.id, NEW.status,
+                              COALESCE(NEW.lease_until::text, 'NULL'), NEW.lease_token,
+                              NEW.worker_id, NEW.attempt);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION feishu_inbox_partition_check() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF ((NEW.head_state = '{idle}') = (NEW.head_id IS NULL)) IS NOT FALSE THEN
+        RETURN NEW;  -- NULL passes, as in a CHECK (head_state is NOT NULL anyway)
+    END IF;
+    RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"',
+        TG_TABLE_NAME, 'feishu_inbox_partition_head_iff_busy'
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'feishu_inbox_partition_head_iff_busy',
+              TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA,
+              DETAIL = format('Partition %L: head_state %L, head_id %s.', NEW.key,
+                              NEW.head_state, COALESCE(NEW.head_id::text, 'NULL'));
+END
+$$;
+
+CREATE TRIGGER feishu_inbox_job_check BEFORE INSERT OR UPDATE ON {job}
+    FOR EACH ROW EXECUTE FUNCTION feishu_inbox_job_check();
+CREATE TRIGGER feishu_inbox_partition_check BEFORE INSERT OR UPDATE ON {partition}
+    FOR EACH ROW EXECUTE FUNCTION feishu_inbox_partition_check();
