@@ -37,7 +37,7 @@ def reply(event: Event) -> None:
 @feishu_inbox.handler("bench.reply_raw")
 def reply_raw(event: Event) -> None:
     """The same request through the client alone, no effect: what the bookkeeping costs."""
-    from feishu_inbox import openapi
+    from feishu_inbox.feishu import openapi
 
     message_id = event.payload["event"]["message"]["message_id"]
     openapi.reply_message(event.app, message_id, "ok", uuid=f"raw-{event.job_id}")

@@ -92,7 +92,7 @@ def fill(jobs: int, partitions: int) -> float:
 def _claimer(db_url: str, barrier: mp.synchronize.Barrier, done: mp.Queue) -> None:  # type: ignore[name-defined]
     django_setup(db_url, migrate=False)
     from feishu_inbox import ledger
-    from feishu_inbox.stats import stats
+    from feishu_inbox.ledger.stats import stats
 
     stats()  # connect before the clock starts
     barrier.wait()

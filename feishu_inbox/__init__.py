@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from .errors import Cancelled, LeaseLost, Superseded
-from .feishu import CardAction, EventKeys, card_callback, event_keys
-from .handlers import Event, checkpoint, effect, handler
-from .replies import client, reply, send
-from .retry import RetryAfter, RetryAt, RetryPolicy
+from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
+from .feishu.replies import client, reply, send
+from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
+from .runtime.handlers import Event, checkpoint, effect, handler
+from .runtime.steps import step
 from .schedules import schedule
-from .steps import step
 
 __version__ = "0.1.0"
 

@@ -16,7 +16,7 @@ class FeishuInboxConfig(AppConfig):
             store,  # noqa: F401  (prepares each new database connection)
         )
         from .conf import inbox_settings
-        from .handlers import load_modules
+        from .runtime.registry import load_modules
         from .schedules import load_settings as load_schedules
 
         # Handlers: a ``feishu_handlers`` module in any installed app, then the listed modules.

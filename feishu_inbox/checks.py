@@ -139,7 +139,7 @@ def check_openapi_credentials(app_configs: Any = None, **kwargs: Any) -> list[Ch
 
 @register()
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .handlers import problems, registered
+    from .runtime.registry import problems, registered
 
     messages: list[CheckMessage] = [
         Error(
@@ -179,10 +179,10 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 
 @register()
 def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Task backends that are the ledger (tasks.py): their queue names must fit its partition
+    """Task backends that are the ledger (tasks/): their queue names must fit its partition
     keys. Read from settings.TASKS, so the check runs whether or not anything imported the
     tasks framework (Django 6 registers its own backend checks only once it is imported)."""
-    from .task_admin import BACKEND, bad_queue_names
+    from .tasks import BACKEND, bad_queue_names
 
     messages: list[CheckMessage] = []
     for alias, params in sorted(getattr(settings, "TASKS", {}).items()):

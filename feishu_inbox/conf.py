@@ -129,8 +129,8 @@ class InboxSettings:
 _FIELDS = {f.name for f in fields(InboxSettings)}
 
 #: The keys of one app in APPS. The webhook reads the first two; the Open API client
-#: (``openapi.py``) the last three: DOMAIN is "feishu" (the default), "lark", or the base URL of
-#: a private deployment or a local test server.
+#: (``feishu/openapi.py``) the last three: DOMAIN is "feishu" (the default), "lark", or the
+#: base URL of a private deployment or a local test server.
 APP_KEYS = ("ENCRYPT_KEY", "VERIFICATION_TOKEN", "APP_ID", "APP_SECRET", "DOMAIN")
 #: Where each DOMAIN name sends Open API calls (the values of lark_oapi.FEISHU_DOMAIN and
 #: LARK_DOMAIN, repeated here so that reading settings never imports the SDK).

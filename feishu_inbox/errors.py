@@ -285,7 +285,7 @@ class Cancelled(BaseException):
     running job. A ``BaseException`` for the same reason as ``Superseded``."""
 
 
-# --- Feishu's Open API (openapi.py) -----------------------------------------------------------
+# --- Feishu's Open API (feishu/openapi.py) ----------------------------------------------------
 # Each class passes its ``fix`` explicitly, so it does not depend on how InboxError finds a
 # default one.
 
@@ -296,7 +296,7 @@ class InvalidMessage(InboxError, ValueError):
 
     code = "invalid_argument"
     fix = "Fix the call; nothing was sent."
-    #: A job that raises it fails at once: running it again cannot help (worker.py).
+    #: A job that raises it fails at once: running it again cannot help (runtime/worker.py).
     final = True
 
     def __init__(self, problems: list[str]) -> None:
@@ -375,7 +375,7 @@ class FeishuBusinessError(FeishuAPIError):
     Feishu's own words."""
 
     code = "feishu_business"
-    #: A job that raises it fails at once, with Feishu's code and message (worker.py).
+    #: A job that raises it fails at once, with Feishu's code and message (runtime/worker.py).
     final = True
     fix = (
         "Feishu's code and message say what it refused (the message, the app's permissions "

@@ -8,7 +8,7 @@
 ``Maintenance``  chores the workers share (the retention purge), one row each.
 ``Schedule``   one row per declared schedule: its watermark and whether it is paused.
 
-State changes happen only through ``ledger.py`` (its SQL lives in ``store/``).
+State changes happen only through ``ledger/rules.py`` (its SQL lives in ``store/``).
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
 
 
 class Schedule(models.Model):
-    """The ledger's memory of one declared schedule (SPEC §8; ``schedules.py`` declares them).
+    """The ledger's memory of one declared schedule (SPEC §8; ``schedules/`` declares them).
 
     ``watermark`` is the last occurrence enqueued, or skipped by the catch-up policy (at first,
     the second the schedule was first seen): every occurrence up to it is done, every later one

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .views import EventWebhook
+from .feishu.webhook import EventWebhook
 
 app_name = "feishu_inbox"
 

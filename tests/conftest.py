@@ -46,13 +46,15 @@ def close_thread_connections() -> Iterator[None]:
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Schedules (and their handlers) declared by a test are forgotten after it."""
-    from feishu_inbox import handlers, schedules
+    from feishu_inbox import schedules
+    from feishu_inbox.ledger import retry
+    from feishu_inbox.runtime import registry
 
     monkeypatch.setattr(schedules, "_declared", {})
     monkeypatch.setattr(schedules, "_problems", [])
-    monkeypatch.setattr(handlers, "_registry", {k: list(v) for k, v in handlers._registry.items()})
-    monkeypatch.setattr(handlers, "_problems", list(handlers._problems))
-    monkeypatch.setattr(handlers, "_policies", dict(handlers._policies))
+    monkeypatch.setattr(registry, "_registry", {k: list(v) for k, v in registry._registry.items()})
+    monkeypatch.setattr(registry, "_problems", list(registry._problems))
+    monkeypatch.setattr(retry, "_policies", dict(retry._policies))
     yield
 
 
@@ -85,7 +87,7 @@ def fake_feishu() -> Iterator[FakeFeishu]:
 
     Each test gets fresh app ids: the SDK caches tokens per app id for the whole process.
     """
-    from feishu_inbox import openapi
+    from feishu_inbox.feishu import openapi
 
     ids = {name: f"cli_{name}_{secrets.token_hex(6)}" for name in ("bot", "other")}
     with FakeFeishu(apps={app_id: f"secret-{app_id}" for app_id in ids.values()}) as fake:

@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from feishu_inbox import ledger
-from feishu_inbox.demo_data import fill
+from feishu_inbox.management.demo_data import fill
 from feishu_inbox.models import EventJob
 
 from .factories import EventJobFactory

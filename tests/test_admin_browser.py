@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 
-from feishu_inbox.demo_data import fill
+from feishu_inbox.management.demo_data import fill
 from feishu_inbox.models import EventJob
 
 from .browser import chromium_context

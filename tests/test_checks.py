@@ -83,20 +83,20 @@ def test_sqlite_without_wal_and_immediate_is_warned() -> None:
 
 
 def test_no_handler_registered_at_all_is_warned_w004() -> None:
-    from feishu_inbox import handlers
+    from feishu_inbox.runtime import registry
 
-    saved = dict(handlers._registry)
+    saved = dict(registry._registry)
     try:
-        handlers._registry.clear()
+        registry._registry.clear()
         found = [m for m in run_checks() if m.id == "feishu_inbox.W004"]
         assert found and "feishu_handlers.py" in (found[0].hint or "")
     finally:
-        handlers._registry.update(saved)
-    handlers._registry.setdefault("t.any", []).append(lambda event: None)
+        registry._registry.update(saved)
+    registry._registry.setdefault("t.any", []).append(lambda event: None)
     try:
         assert "feishu_inbox.W004" not in [m.id for m in run_checks()]
     finally:
-        del handlers._registry["t.any"]
+        del registry._registry["t.any"]
 
 
 # --- Open API credentials (APP_ID, APP_SECRET, DOMAIN) ----------------------------------------
@@ -172,7 +172,7 @@ def test_django_start_up_and_checks_do_not_import_the_sdk(tmp_path: Path) -> Non
     code = (
         "import sys, django; django.setup();"
         "from django.core.management import call_command; call_command('check');"
-        "import feishu_inbox, feishu_inbox.openapi;"
+        "import feishu_inbox, feishu_inbox.feishu.openapi;"
         "print('lark_oapi' in sys.modules)"
     )
     env = {

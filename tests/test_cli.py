@@ -227,7 +227,7 @@ def test_runworker_in_process_leaves_the_signal_handlers_as_it_found_them(
     start included. Else Ctrl-C in that process would only ask a finished worker to stop."""
     import signal
 
-    from feishu_inbox import openapi
+    from feishu_inbox.feishu import openapi
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     call_command("runworker", "--burst", "-v", "0")

@@ -9,9 +9,10 @@ import pytest
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from feishu_inbox import finishing, ledger
-from feishu_inbox.finishing import Finish, FinishGroup, finish_together
+from feishu_inbox import ledger
 from feishu_inbox.models import Attempt, EventJob, Partition
+from feishu_inbox.runtime import finishing
+from feishu_inbox.runtime.finishing import Finish, FinishGroup, finish_together
 
 from .ledger_helpers import assert_mirror_consistent
 

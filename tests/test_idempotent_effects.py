@@ -22,7 +22,7 @@ from feishu_inbox.errors import (
     LeaseLost,
     LedgerError,
 )
-from feishu_inbox.idempotency import KEY_MAX_LENGTH, effect_key
+from feishu_inbox.ledger.idempotency import KEY_MAX_LENGTH, effect_key
 from feishu_inbox.models import Attempt, EventJob
 
 from .factories import EventJobFactory

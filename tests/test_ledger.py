@@ -9,13 +9,14 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from feishu_inbox import ledger, retention
+from feishu_inbox import ledger
 from feishu_inbox.errors import InvalidState, JobNotFound, LeaseLost, LedgerError, Superseded
+from feishu_inbox.ledger import retention
+from feishu_inbox.ledger.payloads import MAX_JSON_DEPTH
+from feishu_inbox.ledger.retry import backoff_seconds
+from feishu_inbox.ledger.stats import next_wakeup
+from feishu_inbox.ledger.stats import stats as ledger_stats
 from feishu_inbox.models import Attempt, EventJob, Maintenance, Partition
-from feishu_inbox.payloads import MAX_JSON_DEPTH
-from feishu_inbox.retry import backoff_seconds
-from feishu_inbox.stats import next_wakeup
-from feishu_inbox.stats import stats as ledger_stats
 
 from .factories import EventJobFactory
 from .ledger_helpers import assert_mirror_consistent, expire_lease, make_due, snapshot, status

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from feishu_inbox import ledger, retention
+from feishu_inbox import ledger
+from feishu_inbox.ledger import retention
 from feishu_inbox.models import Attempt, EventJob, Partition
 from feishu_inbox.store.schema import JOB_TABLE, PARTITION_TABLE
 

@@ -17,7 +17,6 @@ from django.conf import settings
 from django.test import override_settings
 from lark_oapi.api.im.v1 import CreateMessageRequest, CreateMessageRequestBody
 
-from feishu_inbox import openapi
 from feishu_inbox.errors import (
     ConfigurationError,
     FeishuAPIError,
@@ -26,6 +25,7 @@ from feishu_inbox.errors import (
     FeishuTransientError,
     InvalidMessage,
 )
+from feishu_inbox.feishu import openapi
 
 from .fake_feishu import (
     BUSINESS_ERROR,

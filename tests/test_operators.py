@@ -11,7 +11,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from feishu_inbox import errors, feishu, handlers, ledger
+from feishu_inbox import errors, ledger
 from feishu_inbox.errors import (
     CATALOGUE,
     Cancelled,
@@ -23,8 +23,11 @@ from feishu_inbox.errors import (
     LedgerError,
     NotRequeueable,
 )
+from feishu_inbox.feishu import protocol as feishu
+from feishu_inbox.ledger import retry
+from feishu_inbox.ledger.retry import RetryAfter, RetryAt, RetryPolicy
 from feishu_inbox.models import Attempt, EventJob
-from feishu_inbox.retry import RetryAfter, RetryAt, RetryPolicy
+from feishu_inbox.runtime import registry
 
 from .factories import EventJobFactory
 from .ledger_helpers import assert_mirror_consistent, expire_lease, make_due, snapshot, status
@@ -248,26 +251,26 @@ def test_retry_policies_back_off_as_declared(backoff: str, expected: list[float]
 
 
 def test_a_bad_retry_policy_names_every_problem_at_registration() -> None:
-    before = list(handlers._problems)
+    before = list(registry._problems)
     try:
-        handlers.handler(
+        registry.handler(
             "",
             retry=RetryPolicy(attempts=0, backoff="cubic", delay=-1, max_delay=-5, jitter=2),  # type: ignore[arg-type]
         )(lambda event: None)
-        found = handlers.problems()[len(before) :]
+        found = registry.problems()[len(before) :]
         text = " ".join(found)
         for part in ("event type", "attempts", "backoff", "delay", "max_delay", "jitter"):
             assert part in text, (part, text)
         with pytest.raises(ConfigurationError) as info:
-            handlers.validate()
+            registry.validate()
         assert info.value.code == "configuration"
     finally:
-        handlers._problems[:] = before
-        handlers._registry.pop("", None)
+        registry._problems[:] = before
+        registry._registry.pop("", None)
 
 
 def test_a_handlers_own_attempts_are_stored_with_its_jobs_and_bound_them() -> None:
-    handlers._policies["t.policy"] = RetryPolicy(attempts=2)
+    retry._policies["t.policy"] = RetryPolicy(attempts=2)
     try:
         job = EventJobFactory(event_type="t.policy")
         assert row(job.pk).max_attempts == 2
@@ -276,7 +279,7 @@ def test_a_handlers_own_attempts_are_stored_with_its_jobs_and_bound_them() -> No
         plain = EventJobFactory(event_type="t.site", partition_key="other")
         assert row(plain.pk).max_attempts is None  # follows the site's MAX_ATTEMPTS
     finally:
-        del handlers._policies["t.policy"]
+        del retry._policies["t.policy"]
 
 
 def test_retry_at_asks_for_a_time_and_the_attempts_still_bound_it() -> None:
@@ -310,7 +313,7 @@ def test_every_error_class_has_a_catalogued_code_meaning_and_fix() -> None:
 
 
 def test_every_code_the_code_raises_is_catalogued_and_in_the_readme() -> None:
-    sources = [ROOT / "feishu_inbox" / name for name in ("feishu.py", "views.py")]
+    sources = [ROOT / "feishu_inbox" / "feishu" / name for name in ("protocol.py", "webhook.py")]
     raised = set()
     for path in sources:
         raised |= set(re.findall(r'(?:ProtocolError|_error)\(\s*"([a-z_]+)"', path.read_text()))

@@ -20,9 +20,9 @@ from django.test import override_settings
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import LeaseLost
-from feishu_inbox.finishing import finish_together
-from feishu_inbox.handlers import TRANSIENT_ERRORS
 from feishu_inbox.models import EventJob
+from feishu_inbox.runtime.finishing import finish_together
+from feishu_inbox.runtime.writes import TRANSIENT_ERRORS
 
 from .processes import subprocess_database_url
 
@@ -220,7 +220,7 @@ def test_a_connection_lost_mid_call_is_a_blink_the_worker_retries() -> None:
     with pytest.raises(OperationalError) as caught:
         enqueue(2)
     assert isinstance(caught.value, TRANSIENT_ERRORS)
-    connection.close()  # as handlers.drop_connection does
+    connection.close()  # as writes.drop_connection does
     enqueue(2)
     assert EventJob.objects.count() == 2
 

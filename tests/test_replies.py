@@ -18,8 +18,8 @@ from feishu_inbox.errors import (
     InvalidMessage,
     LedgerError,
 )
+from feishu_inbox.ledger.retry import RetryAt
 from feishu_inbox.models import EventJob
-from feishu_inbox.retry import RetryAt
 
 from .factories import EventJobFactory
 from .fake_feishu import BUSINESS_ERROR, DROP_AFTER_APPLY, RATE_LIMIT, SERVER_ERROR, FakeFeishu

@@ -76,7 +76,7 @@ def test_no_handler_registered_is_a_warning_that_says_where_handlers_go() -> Non
             sys.executable,
             "-c",
             "import django, logging; django.setup();"
-            "from feishu_inbox import handlers;"
+            "from feishu_inbox.runtime import registry;"
             "from feishu_inbox.management.commands.runworker import log_handlers;"
             "logging.basicConfig(format='%(levelname)s %(message)s');"
             "logging.getLogger('feishu_inbox').setLevel('INFO');"

@@ -10,8 +10,9 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
 
-from feishu_inbox import ledger, scheduler
+from feishu_inbox import ledger
 from feishu_inbox.models import EventJob, Schedule
+from feishu_inbox.schedules import scheduler
 
 from .schedule_helpers import declare
 from .test_admin import staff

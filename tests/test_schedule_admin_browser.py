@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 
-from feishu_inbox import scheduler
 from feishu_inbox.models import EventJob, Schedule
+from feishu_inbox.schedules import scheduler
 
 from .processes import ROOT
 from .schedule_helpers import declare

@@ -14,10 +14,11 @@ from cronsim import CronSim
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from feishu_inbox import handlers, scheduler, schedules
+from feishu_inbox import schedules
 from feishu_inbox.errors import ConfigurationError, InvalidState
 from feishu_inbox.models import EventJob, Schedule
-from feishu_inbox.schedules import ScheduleSpec, bisection_bound
+from feishu_inbox.runtime import registry
+from feishu_inbox.schedules import ScheduleSpec, bisection_bound, scheduler
 from feishu_inbox.store import store
 
 from .schedule_helpers import declare, noop
@@ -55,8 +56,8 @@ def test_every_bad_declaration_is_listed_in_one_error() -> None:
     ):
         assert expected in message
     assert list(schedules.declared()) == ["twice"]  # only valid ones; the duplicate is not run
-    assert handlers.registered()["schedule.twice"] is noop
-    assert handlers.problems() == []  # the duplicate name is reported once, as a schedule
+    assert registry.registered()["schedule.twice"] is noop
+    assert registry.problems() == []  # the duplicate name is reported once, as a schedule
 
 
 @pytest.mark.django_db
@@ -78,7 +79,7 @@ def test_the_scheduled_function_is_the_handler_of_its_event_type() -> None:
         pass
 
     spec = schedules.declared()["digest"]
-    assert handlers.registered()["schedule.digest"] is digest
+    assert registry.registered()["schedule.digest"] is digest
     assert (spec.tz, spec.catch_up, spec.max_catch_up, spec.partition) == (
         "Asia/Shanghai",
         "skip",
@@ -101,7 +102,7 @@ def test_settings_declare_a_schedule_of_a_dotted_path_callable() -> None:
         schedules.load_settings()
     spec = schedules.declared()["nightly"]
     assert (spec.target, spec.catch_up, spec.tz) == (noop, "run-all", "Asia/Shanghai")
-    assert handlers.registered()["schedule.nightly"] is noop
+    assert registry.registered()["schedule.nightly"] is noop
     assert schedules.problems() == []
 
 
@@ -118,9 +119,9 @@ def test_settings_declare_a_schedule_of_a_task_run_with_its_own_retry_policy() -
         "(takes_context=True)"
     ]
     assert set(schedules.declared()) == {"report"}
-    run = handlers.registered()["schedule.report"]
+    run = registry.registered()["schedule.report"]
     assert run(None) == "report sent"  # the occurrence's job runs the task itself
-    assert handlers.policy_for("schedule.report").attempts == 2
+    assert registry.policy_for("schedule.report").attempts == 2
 
 
 @pytest.mark.usefixtures("registry")

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import feishu_inbox
-from feishu_inbox import handlers, ledger
+from feishu_inbox import ledger
 from feishu_inbox.errors import DuplicateStep, LeaseLost, LedgerError
 from feishu_inbox.models import EventJob, Partition, Step
-from feishu_inbox.steps import StepResultError
+from feishu_inbox.runtime import context
+from feishu_inbox.runtime.steps import StepResultError
 
 from .factories import EventJobFactory
 from .ledger_helpers import expire_lease, make_due, snapshot
@@ -31,9 +32,9 @@ from .worker_helpers import Workers, enqueue, job
 NAMES = ("a", "b", "c")
 
 
-def running(claimed: ledger.ClaimedJob) -> handlers.JobContext:
+def running(claimed: ledger.ClaimedJob) -> context.JobContext:
     """The context a worker gives a handler, for calling step() as a handler would."""
-    event = handlers.Event(
+    event = context.Event(
         job_id=claimed.id,
         event_id=claimed.event_id,
         event_type=claimed.event_type,
@@ -43,7 +44,7 @@ def running(claimed: ledger.ClaimedJob) -> handlers.JobContext:
         attempt=claimed.lease.attempt,
         private_message=claimed.private_message,
     )
-    return handlers.JobContext(lease=claimed.lease, event=event, has_steps=claimed.has_steps)
+    return context.JobContext(lease=claimed.lease, event=event, has_steps=claimed.has_steps)
 
 
 class InHandler:
@@ -52,12 +53,12 @@ class InHandler:
     def __init__(self, claimed: ledger.ClaimedJob) -> None:
         self.ctx = running(claimed)
 
-    def __enter__(self) -> handlers.JobContext:
-        self.token = handlers._current.set(self.ctx)
+    def __enter__(self) -> context.JobContext:
+        self.token = context.enter(self.ctx)
         return self.ctx
 
     def __exit__(self, *exc: object) -> None:
-        handlers._current.reset(self.token)
+        context.leave(self.token)
 
 
 def claim_one() -> ledger.ClaimedJob:
@@ -207,7 +208,7 @@ def test_an_unknown_from_step_is_refused_and_changes_nothing(action: str) -> Non
 
 @pytest.mark.django_db
 def test_retention_removes_steps_with_their_job_and_a_moved_replay_keeps_them() -> None:
-    from feishu_inbox import retention
+    from feishu_inbox.ledger import retention
 
     old = _completed_with_steps(("x",))
     EventJob.objects.filter(pk=old.pk).update(finished_at=old.finished_at - timedelta(days=8))

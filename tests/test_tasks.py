@@ -19,12 +19,13 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from feishu_inbox import ledger, task_jobs
+from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError
 from feishu_inbox.models import Attempt, EventJob, Partition, Step
 from feishu_inbox.store import store
-from feishu_inbox.task_framework import framework
 from feishu_inbox.tasks import InvalidLedgerTask, LedgerBackend, ordering_key, retry
+from feishu_inbox.tasks import jobs as task_jobs
+from feishu_inbox.tasks.framework import framework
 
 from . import worker_handlers
 from . import worker_tasks as t

@@ -10,10 +10,11 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from feishu_inbox import ledger, task_jobs
+from feishu_inbox import ledger
 from feishu_inbox.models import EventJob
-from feishu_inbox.task_framework import framework
+from feishu_inbox.tasks import jobs as task_jobs
 from feishu_inbox.tasks import ordering_key
+from feishu_inbox.tasks.framework import framework
 
 from . import worker_tasks as t
 from .processes import wait_for

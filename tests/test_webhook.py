@@ -14,7 +14,8 @@ from django.core.checks import run_checks
 from django.db import connection, connections
 from django.test import Client, override_settings
 
-from feishu_inbox import EventKeys, card_callback, event_keys, feishu
+from feishu_inbox import EventKeys, card_callback, event_keys
+from feishu_inbox.feishu import protocol as feishu
 from feishu_inbox.models import EventJob, Partition
 
 from .feishu_client import (

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import feishu_inbox
-from feishu_inbox.retry import RetryPolicy
+from feishu_inbox.ledger.retry import RetryPolicy
 from feishu_inbox.tasks import retry
 
 from .worker_handlers import record, wait_gate

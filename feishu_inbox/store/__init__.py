@@ -1,6 +1,6 @@
 """The ledger's storage: one interface, one implementation per database.
 
-``ledger.py`` says what each operation means (its checks, fencing rules and errors) and calls
+``ledger/rules.py`` says what each operation means (its checks, fencing rules and errors) and calls
 ``store()`` to run it. A store runs each operation as one transaction of named queries from its
 ``.sql`` file (``postgres.sql``, ``sqlite.sql``: the same names, side by side); PostgreSQL's hot
 operations call stored functions (``functions/``), loaded by migrations.
@@ -119,7 +119,7 @@ class Store(Protocol):
     def record_step(self, fence: Fence, *, name: str, result: str, took: float) -> bool: ...
     def record_chore(self, name: str, result: str) -> None: ...
 
-    # schedules (scheduler.py): a tick enqueues its occurrences inside transaction()
+    # schedules (schedules/scheduler.py): a tick enqueues its occurrences inside transaction()
     def transaction(self) -> AbstractContextManager[None]: ...
     def schedule_states(self, names: list[str], now: datetime) -> list[Row]: ...
     def advance_schedule(
@@ -132,7 +132,7 @@ class Store(Protocol):
     def now(self) -> datetime: ...
     def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None: ...
 
-    # django.tasks tasks (tasks.py)
+    # django.tasks tasks (tasks/)
     def defer_and_rank_new_job(
         self, job_id: int, partition_key: str, run_after: datetime | None, priority: int
     ) -> None: ...

@@ -395,7 +395,7 @@ class SqlStore:
             return aware(found[0]["wakeup"])
         return aware(self.rows("next_wakeup")[0]["wakeup"])
 
-    # --- django.tasks tasks (tasks.py) --------------------------------------------------------
+    # --- django.tasks tasks (tasks/) ----------------------------------------------------------
 
     def defer_and_rank_new_job(
         self, job_id: int, partition_key: str, run_after: datetime | None, priority: int
@@ -432,7 +432,7 @@ class SqlStore:
     def blocked_and_running_partitions(self) -> dict[str, int]:
         return {r["head_state"]: int(r["n"]) for r in self.rows("blocked_and_running_partitions")}
 
-    # --- schedules (SPEC §8; their rules are in scheduler.py) -------------------------------
+    # --- schedules (SPEC §8; their rules are in schedules/scheduler.py) ----------------------
 
     def schedule_states(self, names: list[str], now: datetime) -> list[Row]:
         """The rows of these schedules; one missing is created first, its watermark ``now``."""

@@ -369,7 +369,7 @@ WHERE name = %(name)s AND paused <> %(paused)s
 RETURNING name
 
 -- defer_and_rank_job --
--- A django.tasks task enqueued with run_after or a priority (feishu_inbox/tasks.py), in its
+-- A django.tasks task enqueued with run_after or a priority (feishu_inbox/tasks/), in its
 -- enqueue's transaction: the job just stored waits until then (NULL: it is due now) and
 -- carries its priority.
 UPDATE {job} SET available_at = COALESCE(%(run_after)s, available_at), priority = %(priority)s

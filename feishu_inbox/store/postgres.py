@@ -271,7 +271,7 @@ class PostgresStore(SqlStore):
             "lease_seconds": lease_seconds,
             "limit": limit,
         }
-        if key_prefixes:  # a worker of some task queues only (tasks.py): its own function
+        if key_prefixes:  # a worker of some task queues only (tasks/): its own function
             return self.rows("claim_in_queues", {**params, "prefixes": list(key_prefixes)})
         return self.rows("claim", params)
 
@@ -319,7 +319,7 @@ class PostgresStore(SqlStore):
             "lease_seconds": lease_seconds,
             "limit": limit,
         }
-        if key_prefixes:  # a worker of some task queues only (tasks.py): its own function
+        if key_prefixes:  # a worker of some task queues only (tasks/): its own function
             found = self.rows(
                 "finish_and_claim_in_queues", {**params, "prefixes": list(key_prefixes)}
             )

@@ -117,7 +117,7 @@ class SqliteStore(SqlStore):
         limit: int,
         key_prefixes: Sequence[str] = (),
     ) -> list[Row]:
-        if key_prefixes:  # a worker of some task queues only (tasks.py)
+        if key_prefixes:  # a worker of some task queues only (tasks/)
             params = {"limit": limit, "prefixes": list(key_prefixes)}
             heads = self.rows("claimable_heads_in_queues", params)
         else:

@@ -13,7 +13,7 @@ import json
 import logging
 
 import feishu_inbox
-from feishu_inbox import openapi
+from feishu_inbox.feishu import openapi
 
 from .models import Reply
 

@@ -15,12 +15,12 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
+from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
+from feishu_inbox.ledger.operators import Outcome
+from feishu_inbox.ledger.retention import purge
+from feishu_inbox.ledger.stats import stats as read_stats
 from feishu_inbox.models import EventJob, Status, job_as_dict
-from feishu_inbox.operators import Outcome
-from feishu_inbox.retention import purge
-from feishu_inbox.stats import stats as read_stats
-from feishu_inbox.task_admin import KINDS, in_queue, of_kind
-from feishu_inbox.task_jobs import APP as TASKS_APP
+from feishu_inbox.tasks.jobs import APP as TASKS_APP
 
 log = logging.getLogger("feishu_inbox.operator")
 
@@ -321,7 +321,7 @@ class Command(BaseCommand):
             )
 
     def do_schedules(self, options: dict[str, Any]) -> None:
-        from feishu_inbox import scheduler
+        from feishu_inbox.schedules import scheduler
 
         action = options.get("schedule_action")
         if action is None:
@@ -395,7 +395,7 @@ class Command(BaseCommand):
             )
 
     def do_demo_data(self, options: dict[str, Any]) -> None:
-        from feishu_inbox.demo_data import fill
+        from feishu_inbox.management.demo_data import fill
 
         counts = fill()
         self.stdout.write(

@@ -1,4 +1,7 @@
-"""``python manage.py runworker``: thin over ``worker.Worker``.
+"""``python manage.py runworker``: thin over ``runtime.worker.Worker``.
+
+It hands the worker what the layers above the runtime offer (``worker_services``): the
+schedules' tick, the Feishu SDK's warm-up, the partition prefixes of ``--queue`` tasks.
 
 It logs to stderr by itself when the site configured no logging for ``feishu_inbox`` (as
 Celery's and procrastinate's workers do): a fresh ``startproject`` site has none, and a worker
@@ -13,9 +16,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
-from feishu_inbox import handlers
+from feishu_inbox import schedules
 from feishu_inbox.errors import ConfigurationError
-from feishu_inbox.worker import Worker, WorkerOptions
+from feishu_inbox.feishu import openapi
+from feishu_inbox.runtime import registry
+from feishu_inbox.runtime.worker import Services, Worker, WorkerOptions
+from feishu_inbox.schedules import scheduler
+from feishu_inbox.tasks.jobs import queue_prefix
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -70,6 +77,7 @@ class Command(BaseCommand):
                 f"--queue {bad[0]!r}: a queue name has 1 to 64 characters, without ':' "
                 "(as in TASKS[...]['QUEUES'])."
             )
+        queues = tuple(dict.fromkeys(options["queue"]))
         try:
             worker = Worker(
                 WorkerOptions(
@@ -79,13 +87,28 @@ class Command(BaseCommand):
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
                     grace_seconds=options["grace_seconds"],
-                    queues=tuple(dict.fromkeys(options["queue"])),
-                )
+                    queues=queues,
+                    queue_prefixes=tuple(queue_prefix(q) for q in queues),
+                ),
+                worker_services(),
             )
+            schedules.validate()  # after the handlers, which the worker checked
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         log_handlers(worker.handlers)
         worker.run()
+
+
+def worker_services() -> Services:
+    """The schedules' tick (when any schedule is declared) and the Feishu SDK's warm-up."""
+
+    def warm_up() -> str:
+        return f"Feishu SDK loaded for {openapi.sending_apps()}" if openapi.warm_up() else ""
+
+    def tick(worker_id: str) -> scheduler.TickResult:
+        return scheduler.tick(worker_id=worker_id)
+
+    return Services(warm_up=warm_up, tick=tick if schedules.declared() else None)
 
 
 def site_configured_logging(logger: logging.Logger) -> bool:
@@ -114,9 +137,9 @@ class StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def log_handlers(registered: dict[str, handlers.Handler]) -> None:
+def log_handlers(registered: dict[str, registry.Handler]) -> None:
     """The start line: which handler modules were imported and the event types they handle."""
-    modules = handlers.loaded_modules()
+    modules = registry.loaded_modules()
     log.info(
         "handler modules: %s; event types: %s",
         ", ".join(modules) or "none",
@@ -130,6 +153,6 @@ def log_handlers(registered: dict[str, handlers.Handler]) -> None:
             "no handler is registered: every event will complete as NoHandler. Put handlers in "
             "a %s.py module of an app in INSTALLED_APPS, or list their module in "
             'FEISHU_INBOX["HANDLER_MODULES"] (a %s.py beside settings.py is not an app: list it).',
-            handlers.AUTODISCOVERED_MODULE,
-            handlers.AUTODISCOVERED_MODULE,
+            registry.AUTODISCOVERED_MODULE,
+            registry.AUTODISCOVERED_MODULE,
         )

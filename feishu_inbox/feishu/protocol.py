@@ -18,8 +18,8 @@ from typing import Any
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from .errors import InboxError
-from .payloads import MAX_JSON_DEPTH, nests_deeper_than
+from ..errors import InboxError
+from ..ledger.payloads import MAX_JSON_DEPTH, nests_deeper_than
 
 
 class ProtocolError(InboxError):

@@ -8,7 +8,7 @@
 Each call is an ``effect(name, idempotent_for=1 hour)`` whose key is the message's ``uuid``:
 Feishu creates at most one message per uuid within an hour, so when the worker dies, the
 connection drops or Feishu answers 5xx, the job runs again and sends again with the same uuid,
-which cannot make a second message. What Feishu answers decides the rest (``openapi.py``):
+which cannot make a second message. What Feishu answers decides the rest (``feishu/openapi.py``):
 
 - rate limited (HTTP 429, code 99991400): ``RetryAt`` its reset time, same uuid;
 - 5xx, a dropped connection, a timeout: retried after the handler's backoff, same uuid;
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FeishuBusinessError, FeishuRateLimited, InvalidMessage
+from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
+from ..ledger.retry import RetryAt
+from ..runtime.handlers import Event, effect
 from . import openapi
-from .errors import FeishuBusinessError, FeishuRateLimited, InvalidMessage
-from .handlers import Event, effect
-from .idempotency import FEISHU_UUID_WINDOW, default_margin
-from .retry import RetryAt
 
 if TYPE_CHECKING:
     import lark_oapi
@@ -51,7 +51,7 @@ def reply(
 ) -> str:
     """Reply to the message of a message event (``im.message.receive_v1``); return the
     reply's message id. ``name`` tells two replies of one handler apart (each its own uuid);
-    ``idempotent_for`` (at most Feishu's hour) and ``margin``: see ``idempotency.py``."""
+    ``idempotent_for`` (at most Feishu's hour) and ``margin``: see ``ledger/idempotency.py``."""
     message_id = _message_id(event)
 
     def call(key: str) -> str:

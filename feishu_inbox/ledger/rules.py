@@ -28,9 +28,8 @@ from typing import Any
 
 from django.db import connection
 
-from . import handlers
-from .conf import checked_settings
-from .errors import (
+from ..conf import checked_settings
+from ..errors import (
     Cancelled,
     DuplicateStep,
     InvalidState,
@@ -39,8 +38,10 @@ from .errors import (
     Superseded,
     truncate,
 )
+from ..models import EventJob, Status
+from ..store import Row, store
+from ..store.base import aware
 from .idempotency import Idempotent, window_params, window_passed
-from .models import EventJob, Status
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
 from .operators import discard as discard
@@ -48,9 +49,7 @@ from .operators import reconcile as reconcile
 from .operators import replay as replay
 from .operators import requeue as requeue
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
-from .retry import site_policy
-from .store import Row, store
-from .store.base import aware
+from .retry import own_attempts, site_policy
 
 log = logging.getLogger("feishu_inbox.ledger")
 
@@ -153,7 +152,7 @@ def enqueue(
     elif payload_json is None and object_deeper_than(payload):  # the webhook checked its text
         problems.append(f"payload must be nested at most {MAX_JSON_DEPTH} levels deep")
     if max_attempts is None and not problems:
-        max_attempts = handlers.own_attempts(event_type)
+        max_attempts = own_attempts(event_type)
     if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
         problems.append(f"max_attempts must be a whole number >= 1 (got {max_attempts!r})")
     if problems:
@@ -386,6 +385,25 @@ def finish_and_claim(
     if status is None:  # lost, or a retry of a finish that landed: then find what it claimed
         return _ended_before(lease, "finish", retrying), claimed_with(lease.worker_id, token)
     return status, _claimed(rows, lease.worker_id, token)
+
+
+def finish_together(
+    finishes: list[tuple[Lease, str, str]],
+    *,
+    lease_seconds: float | None = None,
+    key_prefixes: Sequence[str] = (),
+) -> list[tuple[str | None, list[ClaimedJob]]]:
+    """``ledger.finish_and_claim`` for several leases of one worker, in one transaction (on
+    PostgreSQL one statement). Each is (lease, error type as ``ledger.finish`` writes it, token
+    of its one next claim or "" for none) and is fenced on its own: None for one whose lease
+    was lost (nothing of it changed), the others unaffected. ``key_prefixes``: the claims take
+    only partitions whose key starts with one (a worker of some task queues)."""
+    _maybe_sweep()
+    ended = store().finish_together(finishes, _lease_seconds(lease_seconds), key_prefixes)
+    return [
+        (status, _claimed(rows, lease.worker_id, token))
+        for (lease, _, token), (status, rows) in zip(finishes, ended, strict=True)
+    ]
 
 
 def fail(

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .conf import checked_settings
+from ..conf import checked_settings
+from ..store import store
 from .operators import EXPIRE_UNKNOWN
-from .store import store
 
 log = logging.getLogger("feishu_inbox.retention")
 

@@ -1,6 +1,6 @@
-"""The webhook: ``feishu.open_delivery`` → ledger.enqueue (one transaction) → 200.
+"""The webhook: ``protocol.open_delivery`` → ledger.enqueue (one transaction) → 200.
 
-The view only maps outcomes to HTTP; the protocol steps are in ``feishu.py``. Nothing else runs.
+The view only maps outcomes to HTTP; the protocol steps are in ``protocol.py``. Nothing else runs.
 
 Refusals answer a short JSON error (``{"error": code, "message": …}``), log the reason (never
 secrets or the body) and store nothing. A database that is down or locked past its timeout
@@ -21,9 +21,10 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from . import feishu, ledger
-from .conf import InboxSettings, checked_settings
-from .feishu import ProtocolError
+from ..conf import InboxSettings, checked_settings
+from ..ledger import rules as ledger
+from . import protocol
+from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.webhook")
 
@@ -112,7 +113,7 @@ class EventWebhook(View):
         secrets: dict[str, str],
         conf: InboxSettings,
     ) -> HttpResponse:
-        delivery = feishu.open_delivery(
+        delivery = protocol.open_delivery(
             app=app,
             secrets=secrets,
             body=body,
@@ -124,10 +125,10 @@ class EventWebhook(View):
         if envelope is None:
             log.info("answered URL verification for app %s", app)
             return JsonResponse({"challenge": delivery.challenge})
-        if envelope.event_type == feishu.CARD_ACTION:
+        if envelope.event_type == protocol.CARD_ACTION:
             return self._card_action(app, envelope, conf)
 
-        keys = feishu.keys_for(envelope)
+        keys = protocol.keys_for(envelope)
         result = ledger.enqueue(
             app=app,
             event_id=envelope.event_id,
@@ -149,12 +150,12 @@ class EventWebhook(View):
         return JsonResponse({"ok": True, "duplicate": not result.created})
 
     def _card_action(
-        self, app: str, envelope: feishu.Envelope, conf: InboxSettings
+        self, app: str, envelope: protocol.Envelope, conf: InboxSettings
     ) -> HttpResponse:
-        callback = feishu.card_callback_for(app)
+        callback = protocol.card_callback_for(app)
         if callback is None:
             return JsonResponse({})
-        action = feishu.CardAction(app=app, envelope=envelope)
+        action = protocol.CardAction(app=app, envelope=envelope)
 
         def run() -> dict[str, Any]:
             try:

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from . import handlers
-from .errors import DuplicateStep, LedgerError
+from ..errors import DuplicateStep, LedgerError
+from . import context, handlers, writes
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,30 +94,30 @@ def _as_step(name: str, fn: F) -> F:
 
 
 def _run(name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-    ctx = handlers.current()
-    found, value = _memoized(ctx, name)
+    ctx = context.current()
+    found, value = memoized(ctx, name)
     if found:
         return value
     started = time.monotonic()
     value = fn(*args, **kwargs)
-    return _record(ctx, name, value, time.monotonic() - started)
+    return record(ctx, name, value, time.monotonic() - started)
 
 
 async def _run_async(name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    ctx = handlers.current()
-    found, value = await asyncio.to_thread(handlers.in_db_thread, _memoized, ctx, name)
+    ctx = context.current()
+    found, value = await asyncio.to_thread(handlers.in_db_thread, memoized, ctx, name)
     if found:
         return value
     started = time.monotonic()
     value = await fn(*args, **kwargs)
     took = time.monotonic() - started
-    return await asyncio.to_thread(handlers.in_db_thread, _record, ctx, name, value, took)
+    return await asyncio.to_thread(handlers.in_db_thread, record, ctx, name, value, took)
 
 
-def _memoized(ctx: handlers.JobContext, name: str) -> tuple[bool, Any]:
+def memoized(ctx: context.JobContext, name: str) -> tuple[bool, Any]:
     """(True, result) when an earlier attempt recorded this step; reads the job's memo once
     per attempt, and only for a job that ever recorded a step."""
-    from . import ledger
+    from ..ledger import rules as ledger
 
     ctx.ensure_alive()
     if name in ctx.steps_run:
@@ -127,7 +127,7 @@ def _memoized(ctx: handlers.JobContext, name: str) -> tuple[bool, Any]:
     ctx.steps_run.add(name)
     if ctx.memo is None:
         ctx.memo = (
-            handlers.write(ctx, "read the steps of", lambda _: ledger.job_steps(ctx.event.job_id))
+            writes.write(ctx, "read the steps of", lambda _: ledger.job_steps(ctx.event.job_id))
             if ctx.has_steps
             else {}
         )
@@ -136,10 +136,10 @@ def _memoized(ctx: handlers.JobContext, name: str) -> tuple[bool, Any]:
     return False, None
 
 
-def _record(ctx: handlers.JobContext, name: str, value: Any, took: float) -> Any:
+def record(ctx: context.JobContext, name: str, value: Any, took: float) -> Any:
     """Write the step's result (fenced; tried again through a database blink) and return it
     as JSON round-trips it, so the first run sees what a retry will."""
-    from . import ledger
+    from ..ledger import rules as ledger
 
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
@@ -151,7 +151,7 @@ def _record(ctx: handlers.JobContext, name: str, value: Any, took: float) -> Any
             "(e.g. dataclasses.asdict(result), or model.model_dump()).",
         ) from exc
     ctx.ensure_alive()
-    handlers.write(
+    writes.write(
         ctx,
         f"record step {name!r} of",
         lambda retrying: ledger.record_step(

@@ -1,6 +1,6 @@
 """The tasks framework this site has: Django 6's ``django.tasks``, else the ``django-tasks``
 backport of Django 5.2 (``pip install feishu-inbox[tasks]``). Both offer the same API under
-two package names; this module names what ``tasks.py`` and ``task_jobs.py`` use, from
+two package names; this module names what ``tasks/__init__.py`` and ``tasks/jobs.py`` use, from
 whichever is present (``django.tasks`` first).
 """
 
@@ -10,7 +10,7 @@ from importlib import import_module
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 _loaded: list[Any] = []
 

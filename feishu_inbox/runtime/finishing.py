@@ -10,8 +10,8 @@ Each finish of a batch is fenced on its own: one whose lease was lost is refused
 slot then finishes alone, to learn why), and the others go on. When the batch's statement
 fails (the database blinked, and its reply may have been lost after the commit), every finish
 of it is tried again alone, as a retry: one that landed is found by its lease token and its
-next job by its own claim token (``ledger._ended_before``, ``claimed_with``); one that did not
-land, lands now. A finish is never lost silently, and none applies twice.
+next job by its own claim token (``ledger.finish_and_claim`` with ``retrying``); one that did
+not land, lands now. A finish is never lost silently, and none applies twice.
 """
 
 from __future__ import annotations
@@ -21,33 +21,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import handlers
-from .ledger import ClaimedJob, Lease, _claimed, _lease_seconds, _maybe_sweep
-from .store import store
+from ..ledger.rules import ClaimedJob, Lease, finish_together
+from . import writes
 
 log = logging.getLogger("feishu_inbox.worker")
 
 #: What a finish returns: the job's status and the slot's next job(s).
 Finished = tuple[str, list[ClaimedJob]]
-
-
-def finish_together(
-    finishes: list[tuple[Lease, str, str]],
-    *,
-    lease_seconds: float | None = None,
-    key_prefixes: Sequence[str] = (),
-) -> list[tuple[str | None, list[ClaimedJob]]]:
-    """``ledger.finish_and_claim`` for several leases of one worker, in one transaction (on
-    PostgreSQL one statement). Each is (lease, error type as ``ledger.finish`` writes it, token
-    of its one next claim or "" for none) and is fenced on its own: None for one whose lease
-    was lost (nothing of it changed), the others unaffected. ``key_prefixes``: the claims take
-    only partitions whose key starts with one (a worker of some task queues)."""
-    _maybe_sweep()
-    ended = store().finish_together(finishes, _lease_seconds(lease_seconds), key_prefixes)
-    return [
-        (status, _claimed(rows, lease.worker_id, token))
-        for (lease, _, token), (status, rows) in zip(finishes, ended, strict=True)
-    ]
 
 
 @dataclass(eq=False)
@@ -121,8 +101,8 @@ class FinishGroup:
             )
         except Exception as exc:  # each one is retried alone: one that landed is found
             log.warning("%s finishes together failed (%s); each is tried alone", len(batch), exc)
-            if isinstance(exc, handlers.TRANSIENT_ERRORS):
-                handlers.drop_connection()
+            if isinstance(exc, writes.TRANSIENT_ERRORS):
+                writes.drop_connection()
             self._settle(batch, retrying=True)
             return
         with self._changed:

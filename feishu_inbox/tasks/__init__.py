@@ -22,7 +22,7 @@ events.
             send_digest.enqueue(order.user_id)          # exists only if this block commits
 
 ``manage.py runworker`` runs tasks beside Feishu events (``--queue`` for some queues only).
-The ledger's rules and storage are in ``task_jobs.py``; this module is the framework's side.
+The ledger's rules and storage are in ``tasks/jobs.py``; this module is the framework's side.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from typing import Any, TypeVar
 from django.core import checks
 from django.utils import timezone
 
-from .errors import ConfigurationError, LedgerError
-from .retry import RetryPolicy
-from .task_framework import framework
+from ..errors import ConfigurationError, LedgerError
+from ..ledger.retry import RetryPolicy
+from .framework import framework
 
 _fw = framework()
 #: The framework's classes this module subclasses (from django.tasks or the backport).
@@ -50,6 +50,26 @@ F = TypeVar("F")
 _RETRY_ATTRIBUTE = "_feishu_inbox_retry"
 _TASK_PATH_LIMIT = 123
 _PARTITION_LIMIT = 255
+
+#: This backend's path in settings.TASKS.
+BACKEND = f"{__name__}.LedgerBackend"
+
+
+def bad_queue_names(queues: list[str]) -> list[str]:
+    """Queue names the ledger cannot use: its partition keys are ``task:<queue>:…``."""
+    return sorted(q for q in queues if not isinstance(q, str) or not q or ":" in q or len(q) > 64)
+
+
+def configured_queues() -> list[str]:
+    """The queues of every task backend of this site that is the ledger."""
+    from django.conf import settings
+
+    found: set[str] = set()
+    for params in getattr(settings, "TASKS", {}).values():
+        if params.get("BACKEND") == BACKEND:
+            found.update(params.get("QUEUES") or ["default"])
+    return sorted(found)
+
 
 _ordering: ContextVar[str | None] = ContextVar("feishu_inbox_task_ordering", default=None)
 
@@ -101,7 +121,7 @@ def retry(policy: RetryPolicy) -> Callable[[F], F]:
 
 def retry_policy_of(task: Any) -> RetryPolicy:
     """The task's ``@retry`` policy, else the tasks' default (run once)."""
-    from . import task_jobs
+    from . import jobs as task_jobs
 
     policy: RetryPolicy = getattr(task.func, _RETRY_ATTRIBUTE, None) or task_jobs.DEFAULT_POLICY
     return policy
@@ -137,7 +157,7 @@ class LedgerBackend(_BaseTaskBackend):
             )
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
-        from . import task_jobs
+        from . import jobs as task_jobs
 
         self.validate_task(task)
         try:
@@ -195,7 +215,7 @@ class LedgerBackend(_BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> Any:
-        from . import task_jobs
+        from . import jobs as task_jobs
 
         return task_jobs.read_result(result_id)
 

@@ -21,11 +21,11 @@ from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
-from . import ledger
-from .models import EventJob, Status, Step
+from ..ledger import rules as ledger
+from ..models import EventJob, Status, Step
 
 if TYPE_CHECKING:
-    from .admin import EventJobAdmin
+    from .jobs import EventJobAdmin
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
-from .models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
-from .store import store
+from ..models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
+from ..store import store
 
 
 def next_wakeup(key_prefixes: Sequence[str] = ()) -> datetime | None:

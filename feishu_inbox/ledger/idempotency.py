@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .errors import IdempotencyWindowPassed, LedgerError
+from ..errors import IdempotencyWindowPassed, LedgerError
 
 #: Feishu's uuid: at most 50 characters, one message per uuid within an hour.
 KEY_MAX_LENGTH = 50

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from .conf import InboxSettings, checked_settings
+from ..conf import InboxSettings, checked_settings
 
 Backoff = Literal["exponential", "linear", "fixed"]
 BACKOFFS: tuple[Backoff, ...] = ("exponential", "linear", "fixed")
@@ -137,3 +137,25 @@ class RetryAfter(RetryAt):
 def backoff_seconds(attempt: int, conf: InboxSettings | None = None) -> float:
     """The site policy's delay after failed attempt number ``attempt`` (1-based)."""
     return site_policy(conf).delay_before(attempt, conf)
+
+
+# --- each event type's own policy -------------------------------------------------------------
+
+#: The retry policy each event type's handler declared (``runtime.registry`` hands them down):
+#: a job stored for such a type gets that policy's attempts (``ledger.enqueue``).
+_policies: dict[str, RetryPolicy] = {}
+
+
+def register_policy(event_type: str, policy: RetryPolicy) -> None:
+    _policies[event_type] = policy
+
+
+def own_policy(event_type: str) -> RetryPolicy | None:
+    """The retry policy the handler of ``event_type`` declared (None: it follows the site's)."""
+    return _policies.get(event_type)
+
+
+def own_attempts(event_type: str) -> int | None:
+    """The attempts of the handler's own retry policy (None: it follows the site's)."""
+    policy = _policies.get(event_type)
+    return policy.attempts if policy else None

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from . import ledger
-from .errors import InvalidState, LedgerError, ScheduleNotFound
-from .models import EventJob, Schedule
-from .schedules import Plan, ScheduleSpec, declared, plan
-from .store import Row, store
+from ..errors import InvalidState, LedgerError, ScheduleNotFound
+from ..ledger import rules as ledger
+from ..models import EventJob, Schedule
+from ..store import Row, store
+from . import Plan, ScheduleSpec, declared, plan
 
 log = logging.getLogger("feishu_inbox.schedules")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .errors import (
+from ..errors import (
     Duplicate,
     InvalidState,
     JobNotFound,
@@ -20,8 +20,8 @@ from .errors import (
     NotRequeueable,
     UnknownStep,
 )
-from .models import Resolution, Status
-from .store import store
+from ..models import Resolution, Status
+from ..store import store
 
 #: What to do instead, when an action meets a job of another state.
 _HINTS = {

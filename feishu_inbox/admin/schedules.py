@@ -19,10 +19,9 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 from django.utils.translation import ngettext
 
-from . import scheduler
-from .admin import STATUS_COLOURS, ReadOnly
-from .models import EventJob, Schedule
-from .schedules import ScheduleSpec, declared
+from ..models import EventJob, Schedule
+from ..schedules import ScheduleSpec, declared, scheduler
+from .common import STATUS_COLOURS, ReadOnly
 
 # Each action: (label, scheduler call taking the names and who asked, permission)
 ScheduleAction = tuple[str, Callable[[list[str], str], scheduler.ScheduleOutcome], str]
@@ -57,7 +56,6 @@ def _make_action(name: str) -> Callable[..., HttpResponse | None]:
     return admin.action(description=label, permissions=[permission])(action)
 
 
-@admin.register(Schedule)
 class ScheduleAdmin(ReadOnly, admin.ModelAdmin):
     list_display = [
         "name",

@@ -13,7 +13,7 @@ or, for a callable named by its dotted path, in settings::
     }
 
 Each schedule's function is registered as the handler of event type ``schedule.<name>``; each
-occurrence becomes one job of that type (``scheduler.py`` enqueues it). Cron expressions are
+occurrence becomes one job of that type (``scheduler`` enqueues it). Cron expressions are
 evaluated by cronsim (5 fields, or 6 with seconds first) in the schedule's time zone, with
 Debian cron's rules at DST transitions.
 
@@ -33,9 +33,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from . import handlers
-from .errors import ConfigurationError, ScheduleConfigurationError
-from .retry import RetryPolicy
+from ..errors import ConfigurationError, ScheduleConfigurationError
+from ..ledger.kinds import SCHEDULE_PREFIX
+from ..ledger.retry import RetryPolicy
+from ..runtime import registry
 
 SKIP = "skip"
 RUN_ONCE = "run-once"
@@ -44,7 +45,7 @@ RUN_ALL = "run-all"
 #: schedule was paused): see ``plan``.
 CATCH_UP_POLICIES = (SKIP, RUN_ONCE, RUN_ALL)
 #: The prefix of a schedule's event type: ``schedule.<name>``.
-EVENT_TYPE_PREFIX = "schedule."
+EVENT_TYPE_PREFIX = SCHEDULE_PREFIX
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The keys of a settings-declared schedule.
 SETTINGS_KEYS = ("cron", "handler", "tz", "catch_up", "max_catch_up", "partition")
@@ -263,7 +264,7 @@ def declare(
     if spec is None:
         return None
     if not _declared.get(spec.name):  # a second one is reported by problems(), not run
-        handlers.handler(spec.event_type, retry=retry)(target)
+        registry.handler(spec.event_type, retry=retry)(target)
     _declared.setdefault(spec.name, []).append(spec)
     return spec
 
@@ -346,7 +347,7 @@ def load_settings() -> None:
     """
     from django.utils.module_loading import import_string
 
-    from .conf import raw_settings
+    from ..conf import raw_settings
 
     try:
         declared = raw_settings().get("SCHEDULES", {})
@@ -400,16 +401,16 @@ def _task_target(target: Any) -> tuple[Any, RetryPolicy | None, str]:
     job (its leases, effects, steps; the task's own ``@retry`` policy), with no arguments:
     ``(what runs, its retry policy, the problem)``; anything else is returned as it is."""
     try:
-        from . import task_framework
+        from ..tasks.framework import framework
 
-        task_class = task_framework.framework().Task
+        task_class = framework().Task
     except (ImportError, ConfigurationError):  # no tasks framework installed: not a task
         return target, None, ""
     if not isinstance(target, task_class):
         return target, None, ""
     if target.takes_context:
         return target, None, "a scheduled task cannot take a context (takes_context=True)"
-    from .tasks import retry_policy_of
+    from ..tasks import retry_policy_of
 
     def run(event: Any) -> Any:
         return target.call()

@@ -10,9 +10,9 @@ import time
 import uuid
 from typing import Any
 
-from . import ledger
-from .errors import Superseded
-from .stats import stats
+from ..errors import Superseded
+from ..ledger import rules as ledger
+from ..ledger.stats import stats
 
 TEXTS = [
     "Can you summarise yesterday's incident?",

@@ -12,9 +12,9 @@ Threads:
   connection); on SQLite it ends at once and the main thread polls;
 - a maintenance thread runs the shared retention purge when it is this worker's turn;
 - a schedules thread ticks the declared schedules: it sleeps until the next occurrence of any
-  of them (or a pause/resume notification), then enqueues what is due (``scheduler.tick``).
+  of them (or a pause/resume notification), then enqueues what is due (``Services.tick``).
 
-When the database blinks, every write about a job is tried again (``handlers.write``) while
+When the database blinks, every write about a job is tried again (``writes.write``) while
 its lease lasts, and claims come back after a backoff of at most a second (SPEC §6).
 
 Signals: the first SIGTERM/SIGINT stops claiming and lets handlers finish for ``grace_seconds``,
@@ -32,22 +32,25 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import handlers, ledger, openapi, retention, scheduler, schedules, task_jobs
-from .conf import checked_settings
-from .errors import Cancelled, InvalidState, LeaseLost, Superseded
+from ..conf import checked_settings
+from ..errors import Cancelled, InvalidState, LeaseLost, Superseded
+from ..ledger import retention
+from ..ledger import rules as ledger
+from ..ledger.retry import RetryAt
+from ..ledger.stats import database_now, seconds_until_wakeup
+from ..store import store
+from ..store.schema import SCHEDULES_NOTICE
+from . import context, handlers, registry, writes
 from .finishing import Finish, FinishGroup
-from .retry import RetryAt
-from .stats import database_now, seconds_until_wakeup
-from .store import store
-from .store.schema import SCHEDULES_NOTICE
 
 log = logging.getLogger("feishu_inbox.worker")
 
@@ -92,6 +95,36 @@ class WorkerOptions:
     grace_seconds: float = 30.0
     #: Run only django.tasks tasks of these queues (``runworker --queue``); empty: every job.
     queues: tuple[str, ...] = ()
+    #: The claims' filter for those queues: partitions whose key starts with one of these.
+    queue_prefixes: tuple[str, ...] = ()
+
+
+class Ticked(Protocol):
+    """What one tick of the schedules reports (``schedules.scheduler.TickResult``)."""
+
+    @property
+    def now(self) -> datetime: ...
+    @property
+    def fired(self) -> Sequence[Any]: ...
+    @property
+    def lost(self) -> Sequence[str]: ...
+    @property
+    def next_at(self) -> datetime | None: ...
+    def seconds_until_next(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the layers above the runtime hand a worker; the ``runworker`` command builds it.
+
+    ``warm_up`` loads, before the first claim, what handlers will need (the Feishu SDK: seconds
+    of imports, better spent before a lease runs) and says what it loaded ("": nothing);
+    ``tick`` enqueues the declared schedules' due occurrences (``schedules.scheduler.tick``),
+    None when no schedule is declared.
+    """
+
+    warm_up: Callable[[], str] = str
+    tick: Callable[[str], Ticked] | None = None
 
 
 def new_worker_id() -> str:
@@ -163,16 +196,16 @@ class _Slots:
     def __init__(self, wake: threading.Event) -> None:
         self._wake = wake
         self._lock = threading.Lock()
-        self._held: dict[int, handlers.JobContext] = {}
+        self._held: dict[int, context.JobContext] = {}
         #: Jobs claimed so far (``--max-jobs``), reservations for finishes included.
         self.claimed = 0
 
-    def take(self, ctx: handlers.JobContext) -> None:
+    def take(self, ctx: context.JobContext) -> None:
         with self._lock:
             self._held[ctx.event.job_id] = ctx
             self.claimed += 1
 
-    def free(self, ctx: handlers.JobContext, successor: handlers.JobContext | None = None) -> None:
+    def free(self, ctx: context.JobContext, successor: context.JobContext | None = None) -> None:
         with self._lock:
             if self._held.get(ctx.event.job_id) is ctx:
                 del self._held[ctx.event.job_id]
@@ -193,7 +226,7 @@ class _Slots:
         with self._lock:
             self.claimed -= count
 
-    def held(self) -> list[handlers.JobContext]:
+    def held(self) -> list[context.JobContext]:
         with self._lock:
             return list(self._held.values())
 
@@ -203,19 +236,19 @@ class _Slots:
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, services: Services | None = None) -> None:
         conf = checked_settings()
-        handlers.validate()
-        schedules.validate()
+        registry.validate()
         if options.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.options = options
+        self.services = services or Services()
         self.worker_id = options.worker_id or new_worker_id()
         self.lease_seconds = options.lease_seconds or conf.LEASE_SECONDS
         self.poll_interval = conf.POLL_INTERVAL
-        self.handlers = handlers.registered()
-        #: The claim's filter: partitions of these task queues only (``tasks.py``).
-        self.key_prefixes = tuple(task_jobs.queue_prefix(q) for q in options.queues)
+        self.handlers = registry.registered()
+        #: The claim's filter: partitions of these task queues only (``tasks/``).
+        self.key_prefixes = options.queue_prefixes
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
@@ -252,8 +285,9 @@ class Worker:
             self._restore_signals(previous)
 
     def _run(self) -> int:
-        if openapi.warm_up():  # seconds of imports, before any lease runs
-            log.info("worker %s: Feishu SDK loaded for %s", self.worker_id, openapi.sending_apps())
+        loaded = self.services.warm_up()  # seconds of imports, before any lease runs
+        if loaded:
+            log.info("worker %s: %s", self.worker_id, loaded)
         for name, target in (
             ("feishu-heartbeat", self._heartbeat),
             ("feishu-listen", self._listen),
@@ -336,7 +370,7 @@ class Worker:
     def _database_away(self, doing: str, exc: DatabaseError) -> None:
         self._db_backoff = min(max(self._db_backoff * 2, CLAIM_RETRY_FIRST_DELAY), 1.0)
         log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
-        handlers.drop_connection()
+        writes.drop_connection()
 
     def _sleep(self, can_claim: bool) -> None:
         if self._db_backoff:
@@ -356,8 +390,8 @@ class Worker:
 
     # --- one job -----------------------------------------------------------------------------
 
-    def _context(self, job: ledger.ClaimedJob, sent: float) -> handlers.JobContext:
-        event = handlers.Event(
+    def _context(self, job: ledger.ClaimedJob, sent: float) -> context.JobContext:
+        event = context.Event(
             job_id=job.id,
             event_id=job.event_id,
             event_type=job.event_type,
@@ -367,7 +401,7 @@ class Worker:
             attempt=job.lease.attempt,
             private_message=job.private_message,
         )
-        return handlers.JobContext(
+        return context.JobContext(
             lease=job.lease,
             event=event,
             lease_seconds=self.lease_seconds,
@@ -383,16 +417,16 @@ class Worker:
             self._check_now.set()  # a newer message may already wait
         self._pool.submit(lambda: self._run_job(ctx))
 
-    def _run_job(self, ctx: handlers.JobContext | None) -> None:
+    def _run_job(self, ctx: context.JobContext | None) -> None:
         """Run a job; while its slot's next claim succeeds, run that one too on this thread."""
         while ctx is not None:
             ctx = self._run_one(ctx)
 
-    def _run_one(self, ctx: handlers.JobContext) -> handlers.JobContext | None:
+    def _run_one(self, ctx: context.JobContext) -> context.JobContext | None:
         event, started = ctx.event, ctx.started
         _check_connection()
         outcome = "error"
-        following: handlers.JobContext | None = None
+        following: context.JobContext | None = None
         try:
             outcome, following = self._execute(ctx)
         except LeaseLost as exc:
@@ -400,7 +434,7 @@ class Worker:
             outcome = "lease_lost"
         except DatabaseError as exc:  # not a blink (those are tried again): a bug; log it
             log.exception("job %s: the ledger refused a write (%s)", event.job_id, exc)
-            handlers.drop_connection()
+            writes.drop_connection()
             outcome = "database_error"
         finally:
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -418,8 +452,8 @@ class Worker:
         return following
 
     def _finish(
-        self, ctx: handlers.JobContext, *, superseded: bool = False, note: str = ""
-    ) -> tuple[str, handlers.JobContext | None]:
+        self, ctx: context.JobContext, *, superseded: bool = False, note: str = ""
+    ) -> tuple[str, context.JobContext | None]:
         """Finish the job and, on the same round trip, claim this slot's next one; with the
         finishes of other slots that end meanwhile (``finishing``)."""
         ctx.ensure_alive()
@@ -428,7 +462,7 @@ class Worker:
         sent = time.monotonic()
 
         def alone(retrying: bool) -> tuple[str, list[ledger.ClaimedJob]]:
-            return handlers.write(
+            return writes.write(
                 ctx,
                 "finish",
                 lambda again: ledger.finish_and_claim(
@@ -455,7 +489,7 @@ class Worker:
         label = status + (" (Superseded)" if superseded else f" ({note})" if note else "")
         return label, self._context(jobs[0], sent) if jobs else None
 
-    def _fail(self, ctx: handlers.JobContext, error: BaseException) -> str:
+    def _fail(self, ctx: context.JobContext, error: BaseException) -> str:
         """End the attempt as failed: retried after the handler's policy's backoff, or at the
         time a ``RetryAt`` asked for (the attempts still bound it); not retried when the error
         says running again cannot help (its ``final`` is True: Feishu refused the request)."""
@@ -467,9 +501,9 @@ class Worker:
         elif isinstance(error, RetryAt):
             retry_in = error.seconds_from(database_now()) if error.needs_clock else error.seconds
         else:
-            retry_in = handlers.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
-        error_type, message = handlers.describe_error(ctx.event.event_type, error)
-        return handlers.write(
+            retry_in = registry.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
+        error_type, message = registry.describe_error(ctx.event.event_type, error)
+        return writes.write(
             ctx,
             "fail",
             lambda retrying: ledger.fail(
@@ -482,17 +516,17 @@ class Worker:
             ),
         )
 
-    def _execute(self, ctx: handlers.JobContext) -> tuple[str, handlers.JobContext | None]:
-        fn = handlers.handler_for(ctx.event.event_type, self.handlers)
+    def _execute(self, ctx: context.JobContext) -> tuple[str, context.JobContext | None]:
+        fn = registry.handler_for(ctx.event.event_type, self.handlers)
         if fn is None:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
-        token = handlers._current.set(ctx)
+        token = context.enter(ctx)
         try:
             if handlers.is_async(fn):
 
                 async def call() -> Any:
-                    handlers._current.set(ctx)
+                    context.enter(ctx)
                     try:
                         return await fn(ctx.event)
                     except (KeyboardInterrupt, SystemExit) as exc:
@@ -519,7 +553,7 @@ class Worker:
             )
             return self._fail(ctx, error), None
         finally:
-            handlers._current.reset(token)
+            context.leave(token)
         return self._finish(ctx)
 
     # --- heartbeat: renewals and supersede checks ------------------------------------------
@@ -549,7 +583,7 @@ class Worker:
             _check_connection()
             found = ledger.signals(ctx.lease for ctx in running.values())
         except DatabaseError:
-            handlers.drop_connection()  # the database is away: look again next tick
+            writes.drop_connection()  # the database is away: look again next tick
             return
         for job_id, signal_ in found.items():
             if signal_.cancelled:
@@ -570,7 +604,7 @@ class Worker:
                 event_type,
             )
 
-    def _renew(self, ctx: handlers.JobContext) -> None:
+    def _renew(self, ctx: context.JobContext) -> None:
         sent = time.monotonic()
         try:
             _check_connection()
@@ -579,7 +613,7 @@ class Worker:
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
         except DatabaseError as exc:
-            handlers.drop_connection()
+            writes.drop_connection()
             # Tried again next tick; past our own estimate of the deadline, the lease is gone.
             if ctx.lease_left() <= 0:
                 ctx.mark_lost(f"could not renew for a whole lease ({exc})")
@@ -615,13 +649,13 @@ class Worker:
                 retention.purge_if_due(self.worker_id)
             except DatabaseError as exc:
                 log.warning("retention purge failed (%s); trying again later", exc)
-                handlers.drop_connection()
+                writes.drop_connection()
         connections.close_all()
 
     def _schedules(self) -> None:
         """Tick the schedules at each occurrence. Every worker does (no leader): the
         watermark's compare-and-set lets exactly one of them enqueue an occurrence."""
-        if not schedules.declared():
+        if self.services.tick is None:
             return
         while not (self._stop.is_set() or self._done.is_set()):
             timeout = self._tick_schedules()
@@ -633,12 +667,13 @@ class Worker:
         """One tick; returns how long to sleep: until the next occurrence, or until it is time
         to look at the schedules' paused state again (as long as the main loop sleeps)."""
         longest = LISTEN_MAX_SLEEP if self._listening else self.poll_interval
+        assert self.services.tick is not None  # the schedules thread runs only with one
         try:
             _check_connection()
-            ticked = scheduler.tick(worker_id=self.worker_id)
+            ticked = self.services.tick(self.worker_id)
         except DatabaseError as exc:
             log.warning("schedule tick failed (%s); trying again in a second", exc)
-            handlers.drop_connection()
+            writes.drop_connection()
             return min(longest, 1.0)
         except Exception:  # a bug must not end the thread: log it, try again later
             log.exception("schedule tick failed")
@@ -711,7 +746,7 @@ class Worker:
                 continue
             try:
                 _check_connection(force=True)
-                state = handlers.write(ctx, "hand back", partial(_hand_back, ctx.lease))
+                state = writes.write(ctx, "hand back", partial(_hand_back, ctx.lease))
                 ctx.mark_lost("handed back at shutdown")
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)
             except (LeaseLost, InvalidState) as exc:

@@ -1,6 +1,6 @@
 """Feishu's Open API through the official SDK (``lark-oapi``): send and reply, idempotently.
 
-    from feishu_inbox import openapi
+    from feishu_inbox.feishu import openapi
 
     message_id = openapi.reply_message("default", parent_id, "Got it", uuid=key)
     message_id = openapi.send_message("default", "oc_123", {"text": "Hi"}, uuid=key)
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from .conf import checked_settings, openapi_base_url
-from .errors import (
+from ..conf import checked_settings, openapi_base_url
+from ..errors import (
     ConfigurationError,
     FeishuAPIError,
     FeishuBusinessError,

@@ -1,4 +1,5 @@
-"""The operator's ledger in Django admin: read-only rows, guarded actions, a live dashboard.
+"""The ledger's pages: the list of jobs, a job's page, the dashboard (its figures:
+``dashboard.py``), and the actions (``actions.py``), registered in ``admin/__init__.py``.
 
 Rows are never edited or deleted here; operators act only through actions, each backed by a
 custom permission, each calling ``ledger`` and reporting every refused job with its reason.
@@ -11,106 +12,26 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
-from . import handlers
-from .admin_actions import ACTIONS, as_admin_action, page_context
-from .conf import inbox_settings
-from .idempotency import effect_key
-from .models import BLOCKING, Attempt, EventJob, Partition, Status, Step
-from .stats import dashboard
-from .task_admin import KindFilter, QueueFilter
-
-STATUS_COLOURS: dict[str, str] = {
-    Status.QUEUED: "#2563eb",
-    Status.RUNNING: "#7c3aed",
-    Status.RETRY_WAIT: "#d97706",
-    Status.COMPLETED: "#16a34a",
-    Status.FAILED: "#dc2626",
-    Status.UNKNOWN: "#be185d",
-}
-COUNT_CAP = 10_000
-
-
-class ReadOnly:
-    """Operators change the ledger only through its actions, never by editing its rows."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most COUNT_CAP rows: never a COUNT(*) over a million-row ledger per page."""
-
-    @cached_property
-    def count(self) -> int:
-        qs = self.object_list
-        return len(qs.values_list("pk", flat=True)[: COUNT_CAP + 1])  # type: ignore[attr-defined]
-
-
-class BlocksPartitionFilter(admin.SimpleListFilter):
-    title = "blocks its partition"
-    parameter_name = "blocking"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Yes: failed or unknown"), ("no", "No")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
-        if self.value() == "yes":
-            return queryset.filter(status__in=BLOCKING)
-        if self.value() == "no":
-            return queryset.exclude(status__in=BLOCKING)
-        return queryset
-
-
-class EventTypeFilter(admin.SimpleListFilter):
-    """Types with a handler, plus those among unresolved jobs (no DISTINCT over the ledger)."""
-
-    title = "event type"
-    parameter_name = "event_type"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        types = set(handlers.registered())
-        types.update(
-            EventJob.objects.unresolved()
-            .order_by()  # the model's ordering would join the DISTINCT
-            .values_list("event_type", flat=True)
-            .distinct()[:100]
-        )
-        return [(t, t) for t in sorted(types)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
-        return queryset.filter(event_type=self.value()) if self.value() else queryset
-
-
-class AppFilter(admin.SimpleListFilter):
-    title = "Feishu app"
-    parameter_name = "app"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in sorted(inbox_settings().APPS)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
-        return queryset.filter(app=self.value()) if self.value() else queryset
+from ..conf import inbox_settings
+from ..ledger.idempotency import effect_key
+from ..models import Attempt, EventJob, Partition, Status, Step
+from ..runtime import registry
+from .actions import ACTIONS, as_admin_action, page_context
+from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
+from .dashboard import dashboard_data
+from .filters import AppFilter, BlocksPartitionFilter, EventTypeFilter, KindFilter, QueueFilter
 
 
 class AttemptInline(ReadOnly, admin.TabularInline):
@@ -150,7 +71,6 @@ class StepInline(ReadOnly, admin.TabularInline):
         return text if len(text) <= 200 else text[:199] + "…"
 
 
-@admin.register(EventJob)
 class EventJobAdmin(ReadOnly, admin.ModelAdmin):
     list_display = [
         "id",
@@ -290,7 +210,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="retries")
     def retry_policy(self, obj: EventJob) -> str:
-        policy = handlers.policy_for(obj.event_type)
+        policy = registry.policy_for(obj.event_type)
         attempts = obj.max_attempts or inbox_settings().MAX_ATTEMPTS
         when = ""
         if obj.status == Status.RETRY_WAIT:
@@ -424,48 +344,3 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return JsonResponse(dashboard_data())
-
-
-def dashboard_data() -> dict[str, Any]:
-    """The dashboard's read model (``stats.dashboard``) as JSON, with links to act."""
-    board = dashboard()
-    changelist = reverse("admin:feishu_inbox_eventjob_changelist")
-
-    def job_url(job_id: int) -> str:
-        return reverse("admin:feishu_inbox_eventjob_change", args=[job_id])
-
-    return {
-        **board.stats.as_dict(),
-        "running": [
-            {
-                "id": j.pk,
-                "event_type": j.event_type,
-                "partition": j.partition_key,
-                "worker": j.worker_id,
-                "lease_until": j.lease_until.isoformat() if j.lease_until else None,
-                "url": job_url(j.pk),
-            }
-            for j in board.running
-        ],
-        "blocked": [
-            {
-                "partition": p.key,
-                "head_id": p.head_id,
-                "state": p.state,
-                "event_type": p.event_type,
-                "error_type": p.error_type,
-                "waiting": p.waiting,
-                "url": job_url(p.head_id),
-                "act_url": f"{changelist}?{urlencode({'status__exact': p.state, 'q': p.key})}",
-            }
-            for p in board.blocked
-        ],
-        "throughput_per_minute": board.completions_per_minute,
-        "generated_at": board.generated_at.isoformat(),
-    }
-
-
-__all__ = ["EventJobAdmin", "dashboard_data"]
-
-# The Schedules page registers itself beside the ledger (it reuses STATUS_COLOURS above).
-from . import schedule_admin  # noqa: E402, F401

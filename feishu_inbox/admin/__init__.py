@@ -1,0 +1,24 @@
+"""The operator's ledger in Django admin: read-only rows, guarded actions, a live dashboard.
+
+Rows are never edited or deleted here; operators act only through actions, each backed by a
+custom permission, each calling ``ledger`` and reporting every refused job with its reason.
+Reconcile and discard assert something about the outside world, so they go through a
+confirmation page (Django's two-step ``delete_selected`` pattern).
+
+One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard) and
+``schedules``; ``actions`` (the operator actions on jobs), ``filters``, ``dashboard`` (its
+figures) and ``common`` (what the pages share) serve them. Registered here.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from ..models import EventJob, Schedule
+from .jobs import EventJobAdmin
+from .schedules import ScheduleAdmin
+
+admin.site.register(EventJob, EventJobAdmin)
+admin.site.register(Schedule, ScheduleAdmin)
+
+__all__ = ["EventJobAdmin", "ScheduleAdmin"]

@@ -1,0 +1,89 @@
+"""The filters of the ledger's list.
+
+django.tasks tasks and schedule occurrences are jobs beside the Feishu events (SPEC §8, §9),
+with the same actions: the kind and queue filters tell them apart. Both read indexes: the
+event type and the partition key start with the kind's prefixes (``ledger.kinds``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from ..conf import inbox_settings
+from ..ledger.kinds import KINDS, in_queue, of_kind
+from ..models import BLOCKING, EventJob
+from ..runtime import registry
+from ..tasks import configured_queues
+
+
+class KindFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(KINDS.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        value = self.value()
+        return of_kind(queryset, value) if value is not None and value in KINDS else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "task queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(q, q) for q in configured_queues()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        value = self.value()
+        return in_queue(queryset, value) if value else queryset
+
+
+class BlocksPartitionFilter(admin.SimpleListFilter):
+    title = "blocks its partition"
+    parameter_name = "blocking"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes: failed or unknown"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        if self.value() == "yes":
+            return queryset.filter(status__in=BLOCKING)
+        if self.value() == "no":
+            return queryset.exclude(status__in=BLOCKING)
+        return queryset
+
+
+class EventTypeFilter(admin.SimpleListFilter):
+    """Types with a handler, plus those among unresolved jobs (no DISTINCT over the ledger)."""
+
+    title = "event type"
+    parameter_name = "event_type"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        types = set(registry.registered())
+        types.update(
+            EventJob.objects.unresolved()
+            .order_by()  # the model's ordering would join the DISTINCT
+            .values_list("event_type", flat=True)
+            .distinct()[:100]
+        )
+        return [(t, t) for t in sorted(types)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        return queryset.filter(event_type=self.value()) if self.value() else queryset
+
+
+class AppFilter(admin.SimpleListFilter):
+    title = "Feishu app"
+    parameter_name = "app"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(inbox_settings().APPS)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        return queryset.filter(app=self.value()) if self.value() else queryset

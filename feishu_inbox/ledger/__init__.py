@@ -1,0 +1,56 @@
+"""The ledger: the rules of every operation on stored work, whatever the database.
+
+- ``rules``: one function per operation (enqueue, claim, renew, effects, steps, finish, fail,
+  hand back, signals): argument checks, fencing, lease and backoff rules, results and typed
+  errors. It never names a database: each operation is one transaction of the store's.
+- ``operators``: the operators' actions (requeue, reconcile, discard, cancel, replay).
+- ``retention``: what the ledger forgets, and when; ``stats``: what operators read.
+- ``retry``: retry policies, the site's and each event type's; ``idempotency``: an idempotent
+  effect's key, window and margin; ``payloads``: limits on the JSON stored; ``kinds``: the
+  kinds of job (Feishu events, schedule occurrences, tasks) told apart by their event type.
+
+``feishu_inbox.ledger.enqueue(...)`` (and every other name of ``rules``) is the public way in.
+This module imports ``rules`` on first use of such a name, not at import time: ``rules`` needs
+the models, and ``retry``, ``idempotency`` and ``payloads`` are used by the handler API, which
+``import feishu_inbox`` loads while Django is still populating its apps.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .rules import *  # noqa: F403
+    from .rules import Outcome as Outcome
+    from .rules import cancel as cancel
+    from .rules import discard as discard
+    from .rules import reconcile as reconcile
+    from .rules import replay as replay
+    from .rules import requeue as requeue
+
+
+#: The submodules: ``from feishu_inbox.ledger import retry`` must not load ``rules``.
+SUBMODULES = (
+    "rules",
+    "operators",
+    "retention",
+    "stats",
+    "retry",
+    "idempotency",
+    "payloads",
+    "kinds",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule, or a name of ``rules`` (``ledger.enqueue``), kept here once read."""
+    if name in SUBMODULES:
+        return import_module(f"{__name__}.{name}")
+    rules = import_module(f"{__name__}.rules")
+    try:
+        value = getattr(rules, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value

@@ -1,0 +1,98 @@
+"""What a running job is, as the worker and the handler API see it.
+
+``Event`` is what a handler receives; ``JobContext`` is the worker's side of one running job
+(its lease, its effects in flight, its steps), which ``effect``, ``checkpoint`` and ``step``
+reach through ``current()`` while the worker runs the handler (between ``enter`` and
+``leave``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LeaseLost
+
+log = logging.getLogger("feishu_inbox.handlers")
+
+
+@dataclass(frozen=True)
+class Event:
+    job_id: int
+    event_id: str
+    event_type: str
+    app: str
+    payload: dict[str, Any]
+    partition_key: str
+    attempt: int
+    private_message: bool
+
+
+@dataclass
+class JobContext:
+    """The worker's side of one running job; handlers reach it through ``effect``/``checkpoint``."""
+
+    lease: Any  # ledger.Lease (kept untyped here: this module must not import models)
+    event: Event
+    #: The lease's length, and when (monotonic) the request that last set it was sent: the
+    #: worker's own, conservative estimate of how long the lease lasts.
+    lease_seconds: float = 60.0
+    renewed_at: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
+    lost: threading.Event = field(default_factory=threading.Event)
+    #: A newer private message waits (SPEC §4); an operator cancelled the job.
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    effects_started: bool = False
+    #: This attempt's effects in flight (the worker is the only writer of its job's count).
+    effects_in_flight: int = 0
+    #: Steps (SPEC §7): whether the job recorded any before, their results once read (None:
+    #: not yet), and the names this attempt has run.
+    has_steps: bool = False
+    memo: dict[str, Any] | None = None
+    steps_run: set[str] = field(default_factory=set)
+    #: The idempotent effects this attempt began (one key per name).
+    idempotent_names: set[str] = field(default_factory=set)
+    on_lost: Callable[[JobContext], None] | None = None
+
+    def lease_left(self) -> float:
+        """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""
+        return self.renewed_at + self.lease_seconds - time.monotonic()
+
+    def mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            log.error("job %s lost its lease: %s", self.event.job_id, why)
+            if self.on_lost:
+                self.on_lost(self)
+
+    def ensure_alive(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(f"Job {self.event.job_id} lost its lease; stop working on it.")
+
+
+_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("feishu_inbox_job")
+
+
+def current() -> JobContext:
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "effect() and checkpoint() work only inside a handler run by the worker."
+        ) from None
+
+
+def enter(ctx: JobContext) -> contextvars.Token[JobContext]:
+    """Make ``ctx`` the current job of this thread (or task) while its handler runs."""
+    return _current.set(ctx)
+
+
+def leave(token: contextvars.Token[JobContext]) -> None:
+    """The handler returned: ``enter``'s job is no longer current."""
+    _current.reset(token)

@@ -1,0 +1,205 @@
+"""The handler API: registering handlers, the event a handler sees, effects and checkpoints.
+
+    import feishu_inbox
+
+    @feishu_inbox.handler("im.message.receive_v1")
+    def reply(event):
+        answer = think(event.payload)          # may run again after a crash: no effects here
+        feishu_inbox.checkpoint()              # stop here if a newer direct message waits
+        with feishu_inbox.effect():            # persisted before the call starts
+            send_reply(answer)                 # never repeated automatically after this line
+        feishu_inbox.reply(event, answer)      # an idempotent effect: re-sent, same uuid
+
+Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
+and by ``FEISHU_INBOX["HANDLER_MODULES"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ..errors import (
+    Cancelled,
+    DuplicateEffect,
+    IdempotencyWindowPassed,
+    LeaseLost,
+    LedgerError,
+    Superseded,
+)
+from ..ledger.idempotency import Idempotent, effect_key
+from .context import Event, JobContext, current
+from .registry import Handler, handler
+from .writes import write
+
+__all__ = ["Event", "checkpoint", "effect", "handler", "in_db_thread", "is_async"]
+
+T = TypeVar("T")
+
+
+def checkpoint() -> None:
+    """Stop here if an operator cancelled this job (raise ``Cancelled``) or a newer private
+    message waits in its chat (raise ``Superseded``).
+
+    Call it between completed operations, never inside an effect. The worker looks for both at
+    least twice a second; between those looks a checkpoint costs nothing.
+    """
+    ctx = current()
+    ctx.ensure_alive()
+    if ctx.cancelled.is_set():
+        raise Cancelled(f"Job {ctx.event.job_id} was cancelled by an operator.")
+    if ctx.interrupt.is_set():
+        raise Superseded(f"Job {ctx.event.job_id} was superseded by a newer message.")
+
+
+class effect:
+    """Wrap one external action (HTTP call, email, payment): SPEC §3 Effects.
+
+    Entering persists "an effect is in flight" before the action starts, and raises the
+    lease-lost error instead if the job's lease is gone. Leaving normally records it done;
+    leaving by an exception records it uncertain, and the job ends ``unknown``.
+
+    ``effect(name, idempotent_for=window)``: the remote side deduplicates by the key it yields
+    (``with effect("reply", idempotent_for=timedelta(hours=1)) as key:``), stable for this
+    job and name across attempts and workers. Then a failure, crash or lost lease within the
+    window (less ``margin``, see ``ledger/idempotency.py``) retries the job, which re-issues the
+    effect with the same key; past it the job ends ``unknown``. Every effect yields its key;
+    only one declared idempotent is trusted to be repeated.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        idempotent_for: timedelta | None = None,
+        margin: timedelta | None = None,
+        longest: timedelta | None = None,
+    ) -> None:
+        if idempotent_for is None and margin is not None:
+            raise LedgerError("effect() was refused: a margin needs idempotent_for.")
+        if name is not None and (not isinstance(name, str) or not name or len(name) > 64):
+            raise LedgerError(f"effect() needs a name of 1 to 64 characters (got {name!r}).")
+        self.name = name or ""
+        self.idempotent = (
+            None
+            if idempotent_for is None
+            else Idempotent.of(name, idempotent_for, margin, longest=longest)
+        )
+
+    def __enter__(self) -> str:
+        return _begin_effect(current(), self)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _end_effect(current(), exc_type)
+
+    async def __aenter__(self) -> str:
+        return await asyncio.to_thread(in_db_thread, _begin_effect, current(), self)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await _in_db_thread(_end_effect, current(), exc_type)
+
+
+def _begin_effect(ctx: JobContext, scope: effect) -> str:
+    """Record the effect's start and return its key; refused (LeaseLost) once the lease is
+    gone, and refused (Superseded, Cancelled) when a newer private message waits or an
+    operator cancelled the job, (IdempotencyWindowPassed) when an idempotent effect would be
+    re-issued past the job's window: then nothing started."""
+    from ..ledger import rules as ledger
+
+    ctx.ensure_alive()
+    idempotent = scope.idempotent
+    if idempotent is not None and idempotent.name in ctx.idempotent_names:
+        raise DuplicateEffect(
+            f"Job {ctx.event.job_id} already began an idempotent effect named "
+            f"{idempotent.name!r} in this attempt; a second would share its key."
+        )
+    in_flight = ctx.effects_in_flight + 1
+    retried = False
+
+    def begin(retrying: bool) -> int:
+        nonlocal retried
+        retried = retried or retrying
+        return ledger.begin_effect(ctx.lease, in_flight=in_flight, idempotent=idempotent)
+
+    try:
+        generation = write(ctx, "start an effect of", begin)
+    except LeaseLost as lost:
+        ctx.mark_lost(str(lost))
+        raise
+    except (Superseded, Cancelled, IdempotencyWindowPassed) as stop:
+        if not isinstance(stop, IdempotencyWindowPassed):
+            (ctx.cancelled if isinstance(stop, Cancelled) else ctx.interrupt).set()
+        if retried:  # a first try may have landed before its reply was lost: nothing ran
+            write(
+                ctx,
+                "settle an effect that never started in",
+                lambda _: ledger.end_effect(ctx.lease, ok=True, in_flight=ctx.effects_in_flight),
+            )
+        raise
+    ctx.effects_in_flight = in_flight
+    ctx.effects_started = True
+    if idempotent is not None:
+        ctx.idempotent_names.add(idempotent.name)
+    event = ctx.event
+    return effect_key(
+        job_id=event.job_id,
+        app=event.app,
+        event_id=event.event_id,
+        generation=generation,
+        name=scope.name,
+    )
+
+
+def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
+    """Record the effect's end (tried again through a database blink). If it cannot be
+    written, the lease is gone: the job becomes ``unknown`` by lease expiry (an effect
+    started). The handler's own exception, if any, is the one that propagates."""
+    from ..ledger import rules as ledger
+
+    in_flight = ctx.effects_in_flight - 1
+    try:
+        write(
+            ctx,
+            "end an effect of",
+            lambda _: ledger.end_effect(ctx.lease, ok=exc_type is None, in_flight=in_flight),
+        )
+    except LeaseLost as lost:
+        ctx.mark_lost(str(lost))
+        if exc_type is None:
+            raise
+    else:
+        ctx.effects_in_flight = in_flight
+
+
+def in_db_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` on this (worker) thread's database connection, dropping a stale one
+    first: what a ledger call from async code runs in ``asyncio.to_thread``."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+    return fn(*args)
+
+
+async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:
+    """Run a ledger call from async code, on a thread with its own database connection."""
+    await asyncio.to_thread(in_db_thread, fn, *args)
+
+
+def is_async(fn: Handler) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )

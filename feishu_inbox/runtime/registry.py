@@ -1,0 +1,151 @@
+"""The handlers and job kinds a site registered: which function runs a job, with what retry
+policy, and what a failed attempt records.
+
+Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
+and by ``FEISHU_INBOX["HANDLER_MODULES"]``. A leaf: it imports no model, so ``@handler`` can be
+used in any module at import time. Each handler's own retry policy is handed down to the
+ledger (``ledger.retry.register_policy``), which gives a job its attempts when it is stored.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..ledger.retry import RetryPolicy, own_policy, register_policy, site_policy
+
+if TYPE_CHECKING:
+    from .context import Event
+
+Handler = Callable[["Event"], Any]
+_registry: dict[str, list[Handler]] = {}
+_problems: list[str] = []
+
+
+def handler(event_type: str, *, retry: RetryPolicy | None = None) -> Callable[[Handler], Handler]:
+    """Register a sync or ``async def`` function for one event type, with its retry policy
+    (default: the site's, from settings). Every problem with the arguments is collected and
+    reported at once, by ``manage.py check`` (E003) and when a worker starts."""
+    found = []
+    if not isinstance(event_type, str) or not event_type or len(event_type) > 128:
+        found.append(
+            f"@handler needs an event type string of 1 to 128 characters, got {event_type!r}"
+        )
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        found.append(f"the retry policy for {event_type!r} is not a RetryPolicy: {retry!r}")
+    elif retry is not None:
+        found.extend(f"the retry policy for {event_type!r}: {p}" for p in retry.problems())
+    _problems.extend(found)
+
+    def register(fn: Handler) -> Handler:
+        if not callable(fn):
+            _problems.append(f"the handler for {event_type!r} is not callable: {fn!r}")
+            return fn
+        if fn not in _registry.setdefault(event_type, []):
+            _registry[event_type].append(fn)
+        if retry is not None and not found:
+            register_policy(event_type, retry)
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, Handler]:
+    return {t: fns[0] for t, fns in _registry.items() if fns}
+
+
+def policy_for(event_type: str) -> RetryPolicy:
+    """The retry policy of the handler for ``event_type`` (or of its kind), or the site's."""
+    kind = kind_of(event_type)
+    return own_policy(event_type) or (kind and kind.policy(event_type)) or site_policy()
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """Jobs that are not Feishu events, run by one function for every event type that starts
+    with ``prefix`` (``task:``, the django.tasks tasks of ``tasks/``). ``policy`` gives an
+    event type's retry policy (None: the site's); ``describe_error`` what a failed attempt
+    records (error type, message) instead of the exception's class name and text."""
+
+    prefix: str
+    run: Handler
+    policy: Callable[[str], RetryPolicy | None]
+    describe_error: Callable[[BaseException], tuple[str, str]]
+
+
+_kinds: dict[str, JobKind] = {}
+
+
+def register_kind(kind: JobKind) -> None:
+    _kinds[kind.prefix] = kind
+
+
+def kind_of(event_type: str) -> JobKind | None:
+    return next((k for p, k in _kinds.items() if event_type.startswith(p)), None)
+
+
+def handler_for(event_type: str, registered: dict[str, Handler]) -> Handler | None:
+    """The function that runs a job of this type: its handler, else its kind's."""
+    kind = kind_of(event_type)
+    return registered.get(event_type) or (kind.run if kind else None)
+
+
+def describe_error(event_type: str, error: BaseException) -> tuple[str, str]:
+    """(error type, message) a failed attempt records: the class name and text, unless the
+    job's kind says otherwise (a task records the class's dotted path and the traceback)."""
+    kind = kind_of(event_type)
+    return kind.describe_error(error) if kind else (type(error).__name__, str(error))
+
+
+def problems() -> list[str]:
+    """Every problem with the registered handlers, as sentences."""
+    found = list(_problems)
+    for event_type, fns in sorted(_registry.items()):
+        if len(fns) > 1:
+            names = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in fns)
+            found.append(f"{len(fns)} handlers for {event_type!r}: {names}")
+    return found
+
+
+def validate() -> None:
+    """Raise one ConfigurationError listing every handler problem (at worker start-up)."""
+    found = problems()
+    if found:
+        raise ConfigurationError(
+            "Invalid handlers: " + "; ".join(found) + ".",
+            fix="Register exactly one callable per event type.",
+        )
+
+
+def load_modules(modules: list[str]) -> None:
+    for name in modules:
+        try:
+            import_module(name)
+        except ImportError as exc:
+            _problems.append(f"handler module {name!r} cannot be imported: {exc}")
+        else:
+            _record_loaded(name)
+
+
+#: The module of each installed app that ``apps.py`` autodiscovers; nothing else is discovered.
+#: A ``feishu_handlers.py`` beside ``settings.py`` (the project package, not an app) is
+#: imported only when listed in ``FEISHU_INBOX["HANDLER_MODULES"]``.
+AUTODISCOVERED_MODULE = "feishu_handlers"
+_loaded: list[str] = []  # the listed modules imported by load_modules
+
+
+def _record_loaded(name: str) -> None:
+    if name not in _loaded:
+        _loaded.append(name)
+
+
+def loaded_modules() -> list[str]:
+    """The handler modules imported: each installed app's autodiscovered one, then the listed."""
+    from django.apps import apps
+
+    found = [f"{config.name}.{AUTODISCOVERED_MODULE}" for config in apps.get_app_configs()]
+    return [name for name in found if name in sys.modules and name not in _loaded] + _loaded

@@ -1,0 +1,267 @@
+"""django.tasks tasks as ledger jobs (SPEC §9): how a task is stored, run and read back.
+
+``tasks/__init__.py`` is the framework's side (the backend); this module is the ledger's side.
+A task is a job of its own kind, with the same leases, fencing, effects, steps, retry policy,
+admin and operator actions as a Feishu event:
+
+- app ``django.tasks``; event id and dedupe key: the task result's id;
+- event type ``task:<module path of the task function>``;
+- partition key ``task:<queue>:<ordering key>``: tasks of one key (and queue) run one at a
+  time, in enqueue order; without a key, ``task:<queue>:~<result id>``, a partition of its
+  own, so tasks run in parallel. ``runworker --queue`` claims by this prefix;
+- payload: the arguments, the backend, queue, priority, run_after and ordering key;
+- the return value (when not None) is memoized as the job's step ``RETURN_STEP``, in the
+  ledger until retention purges the job; so an attempt that returned but whose finish was lost
+  (crash, database blink) never runs the task again, it returns the stored value.
+
+Nothing here imports the framework, the models or the store at import time: the backend is
+made when a task module is imported (``@task`` validates), perhaps before the apps are ready;
+and the worker registers this kind whether the site uses tasks or not.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from contextlib import nullcontext
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Cancelled, LedgerError
+from ..ledger.kinds import TASK_PREFIX, queue_prefix
+from ..ledger.retry import RetryPolicy
+from ..runtime import context, registry, steps
+from ..task_jobs import (
+    HandedBack,
+    LeaseExpired,
+    LeaseExpiredAfterSideEffect,
+    TaskEnded,
+    UncertainEffect,
+    UnknownExpired,
+    WorkerCrashed,
+)
+
+if TYPE_CHECKING:
+    from ..models import EventJob
+
+APP = "django.tasks"
+PREFIX = TASK_PREFIX
+RETURN_STEP = "django.tasks:return_value"
+#: The attribute ``tasks.retry`` sets on a task function.
+RETRY_ATTRIBUTE = "_feishu_inbox_retry"
+#: A task without its own retry policy runs once, as the framework's other backends do.
+DEFAULT_POLICY = RetryPolicy(attempts=1)
+#: Column lengths (models.EventJob): event_type 128, partition_key 255.
+TASK_PATH_LIMIT = 128 - len(PREFIX)
+PARTITION_LIMIT = 255
+
+
+def partition_key(queue: str, ordering_key: str | None, result_id: str) -> str:
+    return queue_prefix(queue) + (ordering_key if ordering_key is not None else f"~{result_id}")
+
+
+def enqueue(
+    *,
+    result_id: str,
+    task_path: str,
+    queue: str,
+    ordering_key: str | None,
+    payload: dict[str, Any],
+    run_after: datetime | None,
+    priority: int,
+    max_attempts: int,
+) -> int:
+    """Store a task as a job, in the caller's transaction if there is one (then it exists only
+    if the caller commits, and PostgreSQL's NOTIFY is delivered at that commit). Returns the
+    job's id."""
+    from ..ledger import rules as ledger
+    from ..store import store
+
+    key = partition_key(queue, ordering_key, result_id)
+    # One statement needs no transaction of its own (PostgreSQL: one round trip); a deferred
+    # or prioritised task's three statements do.
+    shaped = run_after is not None or priority != 0
+    with store().transaction() if shaped else nullcontext():
+        stored = ledger.enqueue(
+            event_id=result_id,
+            event_type=PREFIX + task_path,
+            partition_key=key,
+            payload=payload,
+            app=APP,
+            max_attempts=max_attempts,
+        )
+        if shaped:
+            store().defer_and_rank_new_job(stored.job_id, key, run_after, priority)
+    return stored.job_id
+
+
+# --- running a task (the kind's handler, called by the worker) ------------------------------
+
+
+def load_task(task_path: str) -> Any:
+    """The Task object at this module path (what the worker runs)."""
+    from django.utils.module_loading import import_string
+
+    from .framework import framework
+
+    found = import_string(task_path)
+    if not isinstance(found, framework().Task):
+        raise LedgerError(
+            f"{task_path} is not a task (a {type(found).__name__}); the job cannot run.",
+            fix="Decorate the function with @task, or cancel the job.",
+        )
+    return found
+
+
+def run(event: context.Event) -> None:
+    """Run the task of a claimed job; record its return value (a step) when it returns."""
+    fw_task = load_task(event.event_type[len(PREFIX) :])
+    ctx = context.current()
+    found, _ = steps.memoized(ctx, RETURN_STEP)
+    if found:  # an earlier attempt returned; its finish was lost
+        return
+    args, kwargs = event.payload.get("args", []), event.payload.get("kwargs", {})
+    if fw_task.takes_context:
+        from .framework import framework
+
+        task_context = framework().TaskContext(task_result=read_result(event.event_id))
+        args = [task_context, *args]
+    started = time.monotonic()
+    value = fw_task.call(*args, **kwargs)
+    if value is not None:
+        from .framework import framework
+
+        value = framework().normalize_json(value)  # TypeError: not JSON data, the task fails
+        steps.record(ctx, RETURN_STEP, value, time.monotonic() - started)
+
+
+def policy(event_type: str) -> RetryPolicy | None:
+    """The task's own retry policy (``tasks.retry``), else one attempt."""
+    try:
+        fw_task = load_task(event_type[len(PREFIX) :])
+    except Exception:  # the code is gone: the job fails, its attempts say why
+        return DEFAULT_POLICY
+    return getattr(fw_task.func, RETRY_ATTRIBUTE, None) or DEFAULT_POLICY
+
+
+def describe_error(error: BaseException) -> tuple[str, str]:
+    """What a failed attempt of a task records: the exception's dotted class path and its
+    traceback (the framework's TaskError), the end of it when it is long."""
+    cls = type(error)
+    text = "".join(traceback.format_exception(error))
+    if len(text) > 4000:
+        text = "…" + text[-3999:]
+    return f"{cls.__module__}.{cls.__qualname__}"[:128], text
+
+
+registry.register_kind(registry.JobKind(PREFIX, run, policy, describe_error))
+
+
+# --- reading a result ---------------------------------------------------------------------------
+
+
+_LEDGER_CAUSES = {
+    c.__name__: c
+    for c in (
+        LeaseExpired,
+        WorkerCrashed,
+        LeaseExpiredAfterSideEffect,
+        UncertainEffect,
+        HandedBack,
+        UnknownExpired,
+    )
+}
+
+
+def error_class_path(error_type: str) -> str:
+    """A dotted exception class path for an error type the ledger recorded."""
+    if "." in error_type:
+        return error_type
+    if error_type == "Cancelled":
+        return f"{Cancelled.__module__}.Cancelled"
+    cls = _LEDGER_CAUSES.get(error_type, TaskEnded)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def task_status(job: EventJob) -> str:
+    """The framework's status of a job: READY, RUNNING, SUCCESSFUL or FAILED.
+
+    ``unknown`` reads FAILED (it will not run again by itself: an operator decides); a job an
+    operator reconciled as applied reads SUCCESSFUL; cancelled or discarded ones read FAILED.
+    """
+    from ..models import Resolution, Status
+
+    if job.status in (Status.QUEUED, Status.RETRY_WAIT):
+        return "READY"
+    if job.status == Status.RUNNING:
+        return "RUNNING"
+    if job.status == Status.COMPLETED and (
+        not job.error_type or job.resolution == Resolution.APPLIED
+    ):
+        return "SUCCESSFUL"
+    return "FAILED"
+
+
+def find_job(result_id: str) -> EventJob | None:
+    from ..models import EventJob
+
+    return EventJob.objects.filter(app=APP, dedupe_key=result_id).first()
+
+
+def read_result(result_id: str) -> Any:
+    """The framework's TaskResult of a task, read from the ledger (raises the framework's
+    TaskResultDoesNotExist when there is no such task, or it was purged)."""
+    from ..models import Attempt, Status, Step
+    from .framework import framework
+
+    fw = framework()
+    job = find_job(result_id) if isinstance(result_id, str) else None
+    if job is None:
+        raise fw.TaskResultDoesNotExist(result_id)
+    payload = job.payload
+    attempts = list(Attempt.objects.filter(job_id=job.pk).order_by("number", "id"))
+    status = task_status(job)
+    errors = [
+        fw.TaskError(exception_class_path=error_class_path(a.error_type), traceback=a.error_message)
+        for a in attempts
+        if a.error_type
+    ]
+    if status == "FAILED" and job.error_type and not any(a.error_type for a in attempts[-1:]):
+        errors.append(
+            fw.TaskError(
+                exception_class_path=error_class_path(job.error_type),
+                traceback=job.error_message,
+            )
+        )
+    worker_ids = [a.worker_id for a in attempts]
+    if job.status == Status.RUNNING:
+        worker_ids.append(job.worker_id)
+    run_after = payload.get("run_after")
+    fw_task = load_task(job.event_type[len(PREFIX) :]).using(
+        queue_name=payload.get("queue_name"),
+        priority=payload.get("priority"),
+        run_after=datetime.fromisoformat(run_after) if run_after else None,
+        backend=payload.get("backend"),
+    )
+    result = fw.TaskResult(
+        task=fw_task,
+        id=result_id,
+        status=fw.TaskResultStatus(status),
+        enqueued_at=job.received_at,
+        started_at=attempts[0].started_at if attempts else job.claimed_at,
+        finished_at=job.finished_at if status in ("SUCCESSFUL", "FAILED") else None,
+        last_attempted_at=job.claimed_at,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=payload.get("backend"),
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    if status == "SUCCESSFUL":
+        value = (
+            Step.objects.filter(job_id=job.pk, name=RETURN_STEP)
+            .values_list("result", flat=True)
+            .first()
+        )
+        object.__setattr__(result, "_return_value", value)
+    return result
