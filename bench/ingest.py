@@ -23,7 +23,7 @@ from pathlib import Path
 from _setup import ROOT, fresh_postgres, fresh_sqlite, percentile, reproduce
 
 sys.path.insert(0, str(ROOT))
-from tests.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
+from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
 
 
 def start(url: str, port: int, workers: int, threads: int = 1) -> subprocess.Popen[bytes]:

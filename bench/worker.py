@@ -5,7 +5,7 @@
 - enqueue -> handler-start latency with an idle worker woken by NOTIFY (goal: p50 < 10 ms);
 - CPU of an idle worker over --idle-seconds (goal: < 1% of a core);
 - worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up);
-- replies/s through the Open API client against the local fake of Feishu (tests/fake_feishu.py)
+- replies/s through the Open API client against the local fake of Feishu (tests/support/fake_feishu.py)
   at 1 x 4, with ``feishu_inbox.reply`` (an idempotent effect) and with the bare client call:
   the difference is the effect's bookkeeping per reply.
 - no-op django.tasks tasks through the ledger's backend beside django-tasks-db: enqueue rate
@@ -131,7 +131,7 @@ def throughput(
 def replies(url: str, n: int) -> dict[str, float]:
     """Replies/s at 1 x 4 through the client against the local fake: as idempotent effects
     (``feishu_inbox.reply``) and as bare client calls; every reply created once."""
-    from tests.fake_feishu import FakeFeishu
+    from tests.support.fake_feishu import FakeFeishu
 
     with FakeFeishu(apps={"cli_bench": "bench-secret"}) as fake:
         env = {"FEISHU_APP_ID": "cli_bench", "FEISHU_APP_SECRET": "bench-secret"}

@@ -6,7 +6,9 @@ from .errors import Cancelled, LeaseLost, Superseded
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
-from .runtime.handlers import Event, checkpoint, effect, handler
+from .runtime.context import Event
+from .runtime.handlers import checkpoint, effect
+from .runtime.registry import handler
 from .runtime.steps import step
 from .schedules import schedule
 

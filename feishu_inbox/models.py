@@ -126,7 +126,7 @@ class EventJob(models.Model):
         # each CHECK for every statement that writes the row (store/functions/
         # 0014_row_checks.sql). A change to one belongs in the other: on PostgreSQL a new
         # function file replacing the trigger, the constraint's own change in the state only
-        # (SeparateDatabaseAndState); tests/test_row_checks.py fails until both agree.
+        # (SeparateDatabaseAndState); tests/store/test_row_checks.py fails until both agree.
         constraints = [
             models.UniqueConstraint(fields=["app", "dedupe_key"], name="feishu_inbox_job_dedupe"),
             models.CheckConstraint(
@@ -145,7 +145,7 @@ class EventJob(models.Model):
         # change status, which the partial indexes' predicates name, so neither update is HOT.
         # The columns a running job's own updates change (renew's lease_until, the effect
         # and step counters, the idempotency window) are in no index, so those updates are
-        # HOT when the row's page has room (tests/test_store.py holds the rule).
+        # HOT when the row's page has room (tests/store/test_store.py holds the rule).
         indexes = [
             # Next non-completed job of a partition: resync_head and the head lookup of
             # feishu_inbox_end_attempt, next_is_private / newer_private_waiting (supersede).

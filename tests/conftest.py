@@ -10,8 +10,8 @@ import pytest
 from django.db import connection, connections
 from django.test import override_settings
 
-from .fake_feishu import FakeFeishu
-from .worker_helpers import Workers
+from tests.support.fake_feishu import FakeFeishu
+from tests.support.worker_helpers import Workers
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FeishuBusinessError, FeishuRateLimited, InvalidMessage
 from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
 from ..ledger.retry import RetryAt
-from ..runtime.handlers import Event, effect
+from ..runtime.context import Event
+from ..runtime.handlers import effect
 from . import openapi
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""The handler API: registering handlers, the event a handler sees, effects and checkpoints.
+"""The handler API: effects and checkpoints (registering a handler: ``registry``; the event a
+handler sees: ``context``).
 
     import feishu_inbox
 
@@ -9,9 +10,6 @@
         with feishu_inbox.effect():            # persisted before the call starts
             send_reply(answer)                 # never repeated automatically after this line
         feishu_inbox.reply(event, answer)      # an idempotent effect: re-sent, same uuid
-
-Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
-and by ``FEISHU_INBOX["HANDLER_MODULES"]``.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ from ..errors import (
     Superseded,
 )
 from ..ledger.idempotency import Idempotent, effect_key
-from .context import Event, JobContext, current
-from .registry import Handler, handler
+from .context import JobContext, current
+from .registry import Handler
 from .writes import write
-
-__all__ = ["Event", "checkpoint", "effect", "handler", "in_db_thread", "is_async"]
 
 T = TypeVar("T")
 

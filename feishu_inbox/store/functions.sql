@@ -16,7 +16,8 @@
 -- tests/store/test_functions.py loads this file into a scratch schema and compares it with a
 -- freshly migrated database, function by function (pg_get_functiondef: signature, result,
 -- attributes and every character of the body) and trigger by trigger; a definition that
--- differs, or a function or trigger on one side only, fails it.
+-- differs, or a function or trigger on one side only, fails it. (Comments inside a body are
+-- part of it: they stay as the versioned file wrote them, old test paths included.)
 --
 -- (From 0002_postgres_functions.sql:) Each function runs the same steps as the SQLite store
 -- (``sqlite.sql``), under the same query names, marked here as comments: lock the partition
@@ -124,7 +125,8 @@ $$;
 -- planned on every call). It is the same query as before, the first non-completed job of the
 -- partition, relying on nothing about earlier jobs, written so that its generic plan reads
 -- the partial index feishu_inbox_job_unresolved (partition_key, id) WHERE NOT completed
--- whatever the statistics say (tests/test_plans.py holds both plans at 200,000 waiting jobs).
+-- whatever the statistics say (tests/store/test_plans.py holds both plans at 200,000 waiting
+-- jobs).
 -- (0013:) the head lookup also reads the new head's priority.
 -- (0015:) feishu_inbox_end_attempt in three statements instead of five, the same steps in the
 -- same order. Each statement a PL/pgSQL function runs costs an executor start and end whatever
@@ -137,7 +139,7 @@ $$;
 --   stays NULL, as before).
 -- * The new head is read inside the partition's update, as a row subquery: no head leaves
 --   the partition idle (the LEFT JOIN gives one row of NULLs). The head lookup is the same
---   query, with the same plan (tests/test_plans.py).
+--   query, with the same plan (tests/store/test_plans.py).
 -- The lock order is unchanged: the partition row first, then the job's.
 CREATE OR REPLACE FUNCTION feishu_inbox_end_attempt(
     p_id bigint, p_worker text, p_token text, p_key text, p_fail boolean,
@@ -239,8 +241,8 @@ $$;
 --   first minutes, a benchmark) the planner's defaults expect a claimable partition or two,
 --   and reading every due partition through feishu_inbox_part_due and sorting them then
 --   looks cheaper: a claim cost a sort of every waiting chat (0.5 ms at 1,000 chats, growing
---   with the chats), and the session kept that plan. tests/test_plans.py holds both plans of
---   both claims on the index without statistics.
+--   with the chats), and the session kept that plan. tests/store/test_plans.py holds both
+--   plans of both claims on the index without statistics.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim(
     p_worker text, p_token text, p_lease float8, p_limit integer
 ) RETURNS SETOF {job} LANGUAGE plpgsql
@@ -429,7 +431,7 @@ $$;
 -- * the PositiveIntegerField checks of attempt, effects_in_flight, replays, max_attempts;
 -- * feishu_inbox_partition_head_iff_busy: a head exactly when the partition is not idle.
 -- SQLite keeps the CHECK constraints: it compiles them into each prepared statement.
--- tests/test_row_checks.py holds every condition on both databases.
+-- tests/store/test_row_checks.py holds every condition on both databases.
 
 CREATE OR REPLACE FUNCTION feishu_inbox_job_check() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE

@@ -1,0 +1,143 @@
+"""The operator's flow in a real browser: Playwright driving Debian's Chromium.
+
+Screenshots of the list, detail, confirmation and dashboard pages are saved under
+``artifacts/screenshots/`` (per database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+
+from feishu_inbox.management.demo_data import fill
+from feishu_inbox.models import EventJob
+from tests.support.browser import chromium_context
+from tests.support.processes import ROOT, wait_for
+from tests.support.worker_helpers import Workers, enqueue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls made here
+    # between browser steps are plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with chromium_context() as context:
+        yield context
+
+
+def test_operator_reconciles_unknown_jobs_in_the_browser(
+    live_server: Any, browser_page: Any
+) -> None:
+    shots = ROOT / "artifacts" / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    counts = fill()
+    unknown = sorted(EventJob.objects.filter(status="unknown").values_list("pk", flat=True))
+    assert len(unknown) == counts["unknown"] == 2
+    user = User.objects.create_user("oncall", password="s3cret-pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="feishu_inbox",
+            codename__in=[
+                "view_eventjob",
+                "reconcile_eventjob",
+                "requeue_eventjob",
+                "discard_eventjob",
+            ],
+        )
+    )
+    base = live_server.url
+
+    page = browser_page.new_page()
+    page.goto(f"{base}/admin/login/?next=/admin/feishu_inbox/eventjob/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#result_list")
+
+    # A dashboard left open in another tab must follow the change without a reload.
+    dashboard = browser_page.new_page()
+    dashboard.goto(f"{base}/admin/feishu_inbox/eventjob/dashboard/")
+    dashboard.wait_for_selector('[data-state="unknown"] .n')
+    assert dashboard.inner_text('[data-state="unknown"] .n') == "2"
+    dashboard.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+    # Filter `unknown` in the sidebar.
+    page.click("#changelist-filter a:text-is('unknown')")
+    page.wait_for_url("**status__exact=unknown**")
+    assert page.locator("#result_list tbody tr").count() == 2
+    page.screenshot(path=str(shots / "list-unknown.png"), full_page=True)
+
+    page.goto(f"{base}/admin/feishu_inbox/eventjob/{unknown[0]}/change/")
+    assert "an effect raised: outcome uncertain" in page.content()
+    page.screenshot(path=str(shots / "detail.png"), full_page=True)
+    page.go_back()
+
+    # Select them, choose "not applied, run again", confirm.
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "reconcile_not_applied")
+    page.click("button[name=index]")
+    page.wait_for_selector(".fi-confirm")
+    assert page.locator("tr.fi-job").count() == 2
+    page.screenshot(path=str(shots / "confirm.png"), full_page=True)
+    page.click(".fi-confirm input[type=submit]")
+
+    page.wait_for_selector(".messagelist .success")
+    assert "2 jobs: Reconcile unknown: the effect did NOT happen" in page.inner_text(".messagelist")
+    page.goto(f"{base}/admin/feishu_inbox/eventjob/?status__exact=queued")
+    listed = {int(t) for t in page.locator("#result_list tbody th a").all_inner_texts()}
+    assert set(unknown) <= listed
+    assert set(EventJob.objects.filter(pk__in=unknown).values_list("status", flat=True)) == {
+        "queued"
+    }
+
+    dashboard.wait_for_function(
+        "document.querySelector('[data-state=\"unknown\"] .n').textContent === '0'",
+        timeout=15_000,
+    )
+    assert dashboard.inner_text('[data-state="queued"] .n') == str(counts["queued"] + 2)
+    dashboard.screenshot(path=str(shots / "dashboard-after.png"), full_page=True)
+    for name in ("list-unknown", "detail", "confirm", "dashboard", "dashboard-after"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000
+    print(f"screenshots: {shots}")
+
+
+def test_operator_cancels_a_running_job_from_its_page(
+    live_server: Any, browser_page: Any, workers: Workers
+) -> None:
+    shots = ROOT / "artifacts" / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    running = enqueue("runaway", ["checkpoints:60", "effect"])
+    workers.start()
+    wait_for(lambda: workers.lines("start", "runaway"), 30, "the runaway handler to start")
+    user = User.objects.create_user("oncall", password="s3cret-pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="feishu_inbox",
+            codename__in=["view_eventjob", "cancel_eventjob"],
+        )
+    )
+    base = live_server.url
+    page = browser_page.new_page()
+    page.goto(f"{base}/admin/login/?next=/admin/feishu_inbox/eventjob/{running}/change/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector('[data-action="cancel_jobs"]')
+    assert page.locator(".fi-job-action button").count() == 1  # running: cancel only
+    page.click('[data-action="cancel_jobs"]')
+    page.wait_for_selector(".fi-confirm")
+    page.screenshot(path=str(shots / "confirm-cancel.png"), full_page=True)
+    page.click(".fi-confirm input[type=submit]")
+    page.wait_for_url(f"**/eventjob/{running}/change/")
+    assert "asked to stop at the next checkpoint" in page.inner_text(".messagelist")
+    wait_for(lambda: EventJob.objects.get(pk=running).status == "completed", 10, "the job to end")
+    page.reload()
+    assert "Cancelled" in page.inner_text("#content-main")
+    page.screenshot(path=str(shots / "cancelled.png"), full_page=True)
+    assert not workers.lines("effect", "runaway")

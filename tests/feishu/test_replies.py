@@ -1,0 +1,170 @@
+"""feishu_inbox.reply / send / client: Feishu's message calls as idempotent effects, against
+the local fake of Feishu (tests/support/fake_feishu.py), in the ledger of the test database."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import lark_oapi
+import pytest
+
+import feishu_inbox
+from feishu_inbox import ledger
+from feishu_inbox.errors import (
+    ConfigurationError,
+    FeishuBusinessError,
+    FeishuTransientError,
+    InvalidMessage,
+    LedgerError,
+)
+from feishu_inbox.ledger.retry import RetryAt
+from feishu_inbox.models import EventJob
+from tests.runtime.test_steps import InHandler
+from tests.support.factories import EventJobFactory
+from tests.support.fake_feishu import (
+    BUSINESS_ERROR,
+    DROP_AFTER_APPLY,
+    RATE_LIMIT,
+    SERVER_ERROR,
+    FakeFeishu,
+)
+from tests.support.ledger_helpers import make_due, snapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def message_job(fake: FakeFeishu, n: int = 1, chat: str = "oc_1") -> EventJob:
+    """A message event of app "bot", whose message the fake knows to be in ``chat``."""
+    fake.add_inbound(f"om_in_{n}", chat)
+    return EventJobFactory(
+        app="bot",
+        partition_key=chat,
+        payload={"event": {"message": {"message_id": f"om_in_{n}", "chat_id": chat}}},
+    )
+
+
+def claim_one() -> ledger.ClaimedJob:
+    [claimed] = ledger.claim("w")
+    return claimed
+
+
+def event_of(claimed: ledger.ClaimedJob) -> feishu_inbox.Event:
+    with InHandler(claimed) as ctx:
+        return ctx.event
+
+
+def texts(fake: FakeFeishu) -> list[str]:
+    return [json.loads(m.content)["text"] for m in fake.messages]
+
+
+def test_a_reply_goes_out_once_with_the_effects_key_as_its_uuid(fake_feishu: FakeFeishu) -> None:
+    job = message_job(fake_feishu)
+    fake_feishu.fail_next(DROP_AFTER_APPLY)  # created, then the connection drops
+    first = claim_one()
+    with InHandler(first), pytest.raises(FeishuTransientError):
+        feishu_inbox.reply(event_of(first), "hello")
+    assert EventJob.objects.get(pk=job.pk).effect_uncertain
+    assert ledger.fail(first.lease, error_type="FeishuTransientError", retry_in=0) == "retry_wait"
+    make_due(job.pk)
+    second = claim_one()
+    with InHandler(second):
+        message_id = feishu_inbox.reply(event_of(second), "hello")
+    assert ledger.finish(second.lease) == "completed"
+    [message] = fake_feishu.messages
+    assert (message.message_id, message.parent_id, message.chat_id) == (
+        message_id,
+        "om_in_1",
+        "oc_1",
+    )
+    assert [r.outcome for r in fake_feishu.requests] == ["drop_after_apply", "duplicate"]
+    assert {r.uuid for r in fake_feishu.requests} == {message.uuid}
+    assert message.uuid is not None and message.uuid.startswith(f"fi-{job.pk}-0-")
+
+
+def test_a_rate_limit_retries_at_its_reset_time_and_a_5xx_after_the_backoff(
+    fake_feishu: FakeFeishu,
+) -> None:
+    job = message_job(fake_feishu)
+    fake_feishu.fail_next(RATE_LIMIT, SERVER_ERROR)
+    first = claim_one()
+    before = datetime.now(timezone.utc)
+    with InHandler(first), pytest.raises(RetryAt) as limited:
+        feishu_inbox.reply(event_of(first), "hello")
+    assert isinstance(limited.value.when, datetime)
+    assert timedelta(seconds=1) < limited.value.when - before < timedelta(seconds=3)  # reset: 2 s
+    assert "feishu_rate_limited" in str(limited.value)
+    assert ledger.fail(first.lease, error_type="RetryAt", retry_in=2) == "retry_wait"
+    make_due(job.pk)
+    second = claim_one()
+    with InHandler(second), pytest.raises(FeishuTransientError):
+        feishu_inbox.reply(event_of(second), "hello")
+    assert ledger.fail(second.lease, error_type="FeishuTransientError") == "retry_wait"
+    make_due(job.pk)
+    third = claim_one()
+    with InHandler(third):
+        feishu_inbox.reply(event_of(third), "hello")
+    assert texts(fake_feishu) == ["hello"]
+
+
+def test_a_refused_request_fails_the_job_with_feishus_code_and_message(
+    fake_feishu: FakeFeishu,
+) -> None:
+    job = message_job(fake_feishu)
+    fake_feishu.fail_next(BUSINESS_ERROR)
+    claimed = claim_one()
+    with InHandler(claimed), pytest.raises(FeishuBusinessError) as refused:
+        feishu_inbox.reply(event_of(claimed), "hello")
+    row = EventJob.objects.get(pk=job.pk)
+    assert (row.effects_in_flight, row.effect_uncertain) == (0, False)  # nothing was sent
+    assert refused.value.final and refused.value.feishu_code == 230002
+    assert (
+        ledger.fail(
+            claimed.lease, error_type="FeishuBusinessError", message=str(refused.value), final=True
+        )
+        == "failed"
+    )
+    row = EventJob.objects.get(pk=job.pk)
+    assert "230002" in row.error_message and "out of the chat" in row.error_message
+    assert fake_feishu.messages == []
+
+
+def test_bad_arguments_send_nothing_and_change_nothing(fake_feishu: FakeFeishu) -> None:
+    job = message_job(fake_feishu)
+    not_a_message = EventJobFactory(app="bot", partition_key="other", payload={"event": {}})
+    claimed = claim_one()
+    other = claim_one()
+    before = snapshot(job.pk), snapshot(not_a_message.pk)
+    with InHandler(claimed):
+        with pytest.raises(LedgerError, match="longer than the remote side's window"):
+            feishu_inbox.reply(event_of(claimed), "hi", idempotent_for=timedelta(hours=2))
+        with pytest.raises(LedgerError, match="must be shorter than the window"):
+            # Under 20 s a try (a token fetch and the request) could outlast the window.
+            feishu_inbox.reply(event_of(claimed), "hi", idempotent_for=timedelta(seconds=15))
+        with pytest.raises(ConfigurationError):
+            feishu_inbox.send("nobody", "oc_1", "hi")
+    with InHandler(other), pytest.raises(InvalidMessage, match="no message to reply to"):
+        feishu_inbox.reply(event_of(other), "hi")
+    assert (snapshot(job.pk), snapshot(not_a_message.pk)) == before
+    with InHandler(claimed), pytest.raises(InvalidMessage):  # checked by the client: settled
+        feishu_inbox.reply(event_of(claimed), "")
+    assert not EventJob.objects.get(pk=job.pk).effect_uncertain
+    assert fake_feishu.requests == []
+
+
+def test_send_and_the_client_and_one_token_for_many_messages(fake_feishu: FakeFeishu) -> None:
+    for n in range(5):
+        message_job(fake_feishu, n, chat=f"oc_{n}")
+    for n in range(5):
+        claimed = claim_one()
+        with InHandler(claimed):
+            feishu_inbox.reply(event_of(claimed), f"reply {n}")
+            feishu_inbox.send("bot", "ou_someone", f"dm {n}", receive_id_type="open_id")
+        assert ledger.finish(claimed.lease) == "completed"
+    assert sorted(texts(fake_feishu)) == sorted(
+        [f"reply {n}" for n in range(5)] + [f"dm {n}" for n in range(5)]
+    )
+    assert len({m.uuid for m in fake_feishu.messages}) == 10
+    app_id = feishu_inbox.client("bot").config.app_id
+    assert isinstance(feishu_inbox.client("bot"), lark_oapi.Client)
+    assert fake_feishu.token_requests(app_id) == 1

@@ -1,0 +1,119 @@
+"""The README's main command, as ``make demo`` runs it: ``migrate`` then ``rundemo`` (gunicorn with
+DEBUG off, and a worker) on SQLite; a real HTTP client and a real browser."""
+
+from __future__ import annotations
+
+import gzip
+import signal
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import django.contrib.admin
+import pytest
+
+from tests.support.browser import chromium_context
+from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
+from tests.support.processes import ROOT, free_port, port_open, subprocess_env, wait_for
+
+
+@dataclass(frozen=True)
+class Demo:
+    url: str
+    database: Path
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    tmp = tmp_path_factory.mktemp("demo")
+    port = free_port()
+    env = subprocess_env(
+        DATABASE_URL=f"sqlite:///{tmp / 'demo.sqlite3'}",
+        STATIC_ROOT=str(tmp / "static"),
+        FEISHU_ENCRYPT_KEY=ENCRYPT_KEY,
+        FEISHU_VERIFICATION_TOKEN=TOKEN,
+    )
+    env.pop("DEBUG", None)  # the demo's default: off, as `make demo` runs it
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "rundemo", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 60, "the demo server")
+        assert proc.poll() is None, "rundemo exited at start"
+        yield Demo(url=f"http://127.0.0.1:{port}", database=tmp / "demo.sqlite3")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+    assert not port_open(port)
+
+
+def test_rundemo_receives_a_message_and_the_bot_replies(demo: Demo) -> None:
+    body, headers = delivery(message_event(chat_id="oc_demo", text="ping"))
+    request = urllib.request.Request(
+        f"{demo.url}/feishu/events/", data=body, headers=headers, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+    def replies() -> list[str]:
+        with closing(sqlite3.connect(demo.database)) as db:
+            return [r[0] for r in db.execute("SELECT text FROM demo_reply")]
+
+    wait_for(lambda: replies() == ["You said: ping"], 60, "the bot's reply")
+
+
+def test_rundemo_serves_the_admin_static_files(demo: Demo) -> None:
+    shipped = Path(django.contrib.admin.__file__).parent / "static/admin/css/base.css"
+    url = f"{demo.url}/static/admin/css/base.css"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/css")
+        assert response.read() == shipped.read_bytes()
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(response.read()) == shipped.read_bytes()
+
+
+def test_rundemo_admin_login_page_is_styled(demo: Demo) -> None:
+    shots = ROOT / "artifacts" / "screenshots" / "demo"
+    shots.mkdir(parents=True, exist_ok=True)
+    with chromium_context() as browser:
+        page = browser.new_page()
+        failed: list[str] = []
+        page.on(
+            "response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None
+        )
+        page.goto(f"{demo.url}/admin/login/", wait_until="load")
+        sheets = page.eval_on_selector_all(
+            "link[rel=stylesheet]",
+            # A sheet that did not load as CSS has no readable rules (0, or -1 if it throws).
+            """links => links.map(l => {
+                try { return [l.href, l.sheet ? l.sheet.cssRules.length : 0]; }
+                catch (e) { return [l.href, -1]; }
+            })""",
+        )
+        header = page.eval_on_selector("#header", "h => getComputedStyle(h).backgroundColor")
+        page.screenshot(path=str(shots / "login.png"), full_page=True)
+    assert failed == []
+    assert any("/static/admin/css/base.css" in href for href, _ in sheets)
+    assert all(rules > 0 for _, rules in sheets), sheets
+    assert header not in ("", "rgba(0, 0, 0, 0)", "transparent"), header  # the admin's colours
+    assert (shots / "login.png").stat().st_size > 10_000

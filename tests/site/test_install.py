@@ -1,0 +1,257 @@
+"""The README's "Install into an existing site", done in a fresh ``startproject`` site.
+
+The steps are the README's own snippets (each fenced block after a ``<!-- site-test: NAME -->``
+comment): a README that loses a step, or whose snippet no longer works, fails here.
+
+Cost: the site's virtual environment sees this environment's packages through a ``.pth`` file
+(Django, psycopg, pip, setuptools: nothing is downloaded, ``--no-index`` makes sure) and
+installs feishu-inbox from a copy of the checkout as the README says, dependencies resolved.
+The checkout's own editable install is hidden from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import site
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
+from tests.support.processes import ROOT, free_port, port_open, stop, wait_for
+
+STEPS = (
+    "pip",
+    "settings",
+    "urls",
+    "migrate",
+    "startapp",
+    "app-settings",
+    "handler",
+    "handler-modules",
+)
+#: What the README's pip line names for "the checkout".
+CHECKOUT_PLACEHOLDER = "path/to/feishu_inbox"
+#: Not part of the package: left out of the copy that is installed.
+NOT_SHIPPED = shutil.ignore_patterns(
+    ".git", ".venv*", "build", "dist", "*.egg-info", "artifacts", "staticfiles", "__pycache__",
+    ".*_cache", ".hypothesis", ".bench", "*.sqlite3*",
+)  # fmt: skip
+
+
+def readme_snippets() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    pattern = re.compile(
+        r"^( *)<!-- site-test: ([\w-]+) -->\n\1```\w*\n(.*?)\n\1```", re.MULTILINE | re.DOTALL
+    )
+    found: dict[str, str] = {}
+    for match in pattern.finditer(text):
+        _indent, name, body = match.groups()
+        assert name not in found, f"README has two site-test snippets named {name!r}"
+        found[name] = textwrap.dedent(body) + "\n"
+    missing = [name for name in STEPS if name not in found]
+    assert not missing, f"README lost these install steps: {missing}"
+    return found
+
+
+@dataclass
+class Site:
+    """A startproject site in its own virtual environment."""
+
+    venv: Path
+    root: Path  # the directory with manage.py
+    env: dict[str, str]
+
+    @property
+    def python(self) -> str:
+        return str(self.venv / "bin" / "python")
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python ARGS`` with the site's interpreter, in the site's directory; must succeed."""
+        return self._call([self.python, *args])
+
+    def shell(self, snippet: str) -> None:
+        """A README shell snippet, run as written with the site's ``python`` first on PATH."""
+        self._call(["bash", "-euo", "pipefail", "-c", snippet])
+
+    def _call(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            command,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{command[1:]} failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def job(self, job_id: int) -> dict[str, object]:
+        return json.loads(self.run("manage.py", "inbox", "show", str(job_id), "--json").stdout)
+
+
+def make_venv(tmp: Path) -> Path:
+    """A venv without pip that sees this environment's packages, but not feishu_inbox."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (purelib,) = (venv / "lib").glob("python3.*/site-packages")
+    shared = tmp / "shared-packages"
+    shared.mkdir()
+    for packages in map(Path, site.getsitepackages()):
+        for entry in packages.iterdir():
+            name = entry.name.lower()
+            if name.startswith(("feishu_inbox", "__editable__", "_feishu")) or name.endswith(
+                ".pth"
+            ):
+                continue
+            link = shared / entry.name
+            if not link.exists():
+                link.symlink_to(entry)
+    # A path line appends to sys.path after the venv's own site-packages; the .pth files of
+    # that directory (the checkout's editable install) are not processed.
+    (purelib / "shared-packages.pth").write_text(f"{shared}\n")
+    return venv
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    tmp = tmp_path_factory.mktemp("install")
+    snippets = readme_snippets()
+    venv = make_venv(tmp)
+
+    # 1. pip install, as the README says, from a copy of the checkout.
+    checkout = tmp / "feishu_inbox"
+    shutil.copytree(ROOT, checkout, ignore=NOT_SHIPPED, symlinks=True)
+    (line,) = [ln for ln in snippets["pip"].splitlines() if ln.strip()]
+    args = shlex.split(line, comments=True)
+    assert args[:2] == ["pip", "install"] and len(args) == 3, line
+    assert args[2].startswith(CHECKOUT_PLACEHOLDER), line
+    requirement = str(checkout) + args[2][len(CHECKOUT_PLACEHOLDER) :]
+    subprocess.run(
+        [
+            str(venv / "bin/python"),
+            *("-m", "pip", "install", "-q", "--no-index", "--no-build-isolation"),
+            requirement,
+        ],
+        check=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTEST")
+        and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env.update(
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
+        FEISHU_ENCRYPT_KEY=ENCRYPT_KEY,
+        FEISHU_VERIFICATION_TOKEN=TOKEN,
+    )
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "django", "startproject", "mysite"],
+        cwd=tmp,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    yield Site(venv=venv, root=tmp / "mysite", env=env)
+
+
+def test_the_installed_package_is_the_built_one_with_its_data(site_dir: Site) -> None:
+    where = site_dir.run(
+        "-c",
+        "import pathlib, feishu_inbox; p = pathlib.Path(feishu_inbox.__file__).parent; "
+        "print(p); assert (p / 'templates/feishu_inbox/dashboard.html').is_file(); "
+        "assert (p / 'migrations/0001_ledger.py').is_file(); assert (p / 'py.typed').is_file()",
+    ).stdout.strip()
+    assert Path(where).is_relative_to(site_dir.venv), where  # not the checkout
+    pip_check = site_dir.run("-m", "pip", "check")  # the [postgres] extra's requirements too
+    assert "No broken requirements" in pip_check.stdout
+
+
+def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
+    snippets = readme_snippets()
+    settings = site_dir.root / "mysite" / "settings.py"
+    urls = site_dir.root / "mysite" / "urls.py"
+    project_settings, project_urls = settings.read_text(), urls.read_text()
+
+    def configure(*parts: str) -> None:
+        settings.write_text(project_settings + "".join("\n" + snippets[p] for p in parts))
+
+    configure("settings")
+    urls.write_text(project_urls + "\n" + snippets["urls"])
+    site_dir.shell(snippets["migrate"])
+    check = site_dir.run("manage.py", "check")
+    # No W002 (SQLite options), no W003 (secrets); W004: no handler is registered yet.
+    assert re.findall(r"feishu_inbox\.[EW]\d+", check.stderr) == ["feishu_inbox.W004"], check.stderr
+
+    port = free_port()
+    server = subprocess.Popen(
+        [site_dir.python, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=site_dir.root,
+        env=site_dir.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: port_open(port) or server.poll() is not None, 60, "runserver")
+        assert server.poll() is None, "runserver exited at start"
+
+        def deliver(text: str) -> str:
+            envelope = message_event(chat_id="oc_site", text=text)
+            body, headers = delivery(envelope)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/feishu/events/", data=body, headers=headers
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert json.loads(response.read()) == {"ok": True, "duplicate": False}
+            return str(envelope["header"]["event_id"])
+
+        # The handler module beside settings.py: not an app, so never imported, and the worker
+        # says so.
+        (site_dir.root / "mysite" / "feishu_handlers.py").write_text(snippets["handler"])
+        first = deliver("one")
+        worker = site_dir.run("manage.py", "runworker", "--burst")
+        assert "handler modules: none; event types: none" in worker.stderr, worker.stderr
+        assert "no handler is registered" in worker.stderr
+        assert f"job 1 event {first} " in worker.stderr
+        assert (site_dir.job(1)["status"], site_dir.job(1)["error_type"]) == (
+            "completed",
+            "NoHandler",
+        )
+
+        # Listed in HANDLER_MODULES, the same module is imported.
+        configure("settings", "handler-modules")
+        second = deliver("two")
+        worker = site_dir.run("manage.py", "runworker", "--burst")
+        assert (
+            "handler modules: mysite.feishu_handlers; event types: "
+            "im.message.receive_v1 (mysite.feishu_handlers.on_message)"
+        ) in worker.stderr, worker.stderr
+        assert f"{second}: two" in worker.stdout
+        assert (site_dir.job(2)["status"], site_dir.job(2)["error_type"]) == ("completed", "")
+
+        # The first place the README names: feishu_handlers.py in an installed app.
+        site_dir.shell(snippets["startapp"])
+        configure("settings", "app-settings")
+        (site_dir.root / "bot" / "feishu_handlers.py").write_text(snippets["handler"])
+        third = deliver("three")
+        worker = site_dir.run("manage.py", "runworker", "--burst")
+        assert "handler modules: bot.feishu_handlers; event types:" in worker.stderr
+        assert f"{third}: three" in worker.stdout
+        assert (site_dir.job(3)["status"], site_dir.job(3)["error_type"]) == ("completed", "")
+    finally:
+        stop(server)

@@ -1,0 +1,89 @@
+"""Real processes for tests: the demo under gunicorn, ``manage.py runworker``; condition waits."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``condition`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(0.01)  # the polling interval of a condition wait, not synchronisation
+
+
+def subprocess_database_url() -> str:
+    """The URL of the database this test runs on, for a subprocess."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{db['USER']}@{host}:{port}/{db['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(DATABASE_URL=subprocess_database_url(), DJANGO_SETTINGS_MODULE="project.settings")
+    env.update(extra)
+    return env
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_server(port: int, **env: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "project.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+    )
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "gunicorn to listen")
+    except AssertionError:
+        proc.kill()
+        raise
+    assert proc.poll() is None, "gunicorn exited at start"
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)

@@ -1,0 +1,96 @@
+"""Real ``runworker`` subprocesses for tests, and the jobs they run (``worker_handlers.py``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from django.utils import timezone
+
+from feishu_inbox import ledger
+from feishu_inbox.models import EventJob
+from tests.support.processes import ROOT, subprocess_env
+
+
+class Workers:
+    """Starts runworker subprocesses on the test database; kills what is left at the end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        n = len(self.procs)
+        with open(self.dir / f"worker-{n}.err", "wb") as stderr:  # the child keeps its own fd
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "runworker", "-v", "2", *args],
+                cwd=ROOT,
+                env=subprocess_env(
+                    **{
+                        "FEISHU_INBOX_HANDLERS": "tests.support.worker_handlers",
+                        "WORKER_TEST_DIR": str(self.dir),
+                        "LOG_LEVEL": "DEBUG",
+                        **env,
+                    }
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        proc.stderr_path = self.dir / f"worker-{n}.err"  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def stderr(self, proc: subprocess.Popen[bytes]) -> str:
+        return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def log(self) -> list[list[str]]:
+        path = self.dir / "events.log"
+        if not path.exists():
+            return []
+        return [line.split() for line in path.read_text().splitlines() if line.strip()]
+
+    def lines(self, kind: str, event_id: str | None = None) -> list[list[str]]:
+        return [
+            line
+            for line in self.log()
+            if line[0] == kind and (event_id is None or line[1] == event_id)
+        ]
+
+    def open_gate(self, name: str) -> None:
+        (self.dir / f"gate-{name}").touch()
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait(10)
+
+
+def enqueue(
+    event_id: str,
+    steps: list[str],
+    *,
+    partition: str = "chat-1",
+    event_type: str = "test.steps",
+    private: bool = False,
+) -> int:
+    return ledger.enqueue(
+        event_id=event_id,
+        event_type=event_type,
+        partition_key=partition,
+        payload={"steps": steps},
+        private_message=private,
+    ).job_id
+
+
+def job(job_id: int) -> EventJob:
+    return EventJob.objects.get(pk=job_id)
+
+
+def lease_expired(job_id: int) -> bool:
+    row = job(job_id)
+    return row.lease_until is not None and row.lease_until < timezone.now()
