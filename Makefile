@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   the demo on SQLite: webhook server + worker (creates .venv on first use)
 #   make test   lint, type-check, checks, and the whole suite on SQLite and on PostgreSQL
+#   make test-fast   the inner loop: the SQLite suite alone, stopping at the first failure
 #
 # Needs make and a Python >= 3.10 that can create virtual environments (Debian/Ubuntu:
 # apt-get install make python3-venv). PYTHON chooses it: make test PYTHON=python3.12.
@@ -14,7 +15,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint test-sqlite test-postgres chromium clean
+.PHONY: demo test test-fast lint test-sqlite test-postgres test-suites chromium clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -50,7 +51,17 @@ chromium:
 	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
 	  echo "make test: no Chromium at $(CHROMIUM) for the browser tests. Debian/Ubuntu: apt-get install chromium (or CHROMIUM=/path/to/chromium)"; exit 1; }
 
-test: chromium lint test-sqlite test-postgres
+# The two suites run side by side: each spends most of its time waiting on worker
+# subprocesses, servers and the browser, so together they take about as long as the longer one
+# alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of its own).
+# --output-sync prints each suite's output whole, when it ends.
+test: chromium lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-suites
+
+test-suites: test-sqlite test-postgres
+
+test-fast: $(VENV)/.installed
+	env -u DATABASE_URL $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles

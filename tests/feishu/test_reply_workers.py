@@ -23,7 +23,10 @@ from tests.support.worker_helpers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MESSAGES, CHATS, KILLS = 200, 10, 6
+#: 200 messages and 6 kills once; 100 and 3 catch a reply whose uuid is not stable across
+#: attempts (each apply-then-drop is then a second message) and a worker killed holding leases
+#: as surely.
+MESSAGES, CHATS, KILLS = 100, 10, 3
 
 
 @pytest.fixture
@@ -58,7 +61,7 @@ def enqueue_message(fake: FakeFeishu, n: int, chat: str, **payload: object) -> i
     ).job_id
 
 
-def test_two_hundred_replies_through_killed_workers_each_go_out_once_in_order(
+def test_replies_through_killed_workers_each_go_out_once_in_order(
     workers: Workers, fake: FakeFeishu
 ) -> None:
     fake.fail_first_tries(0.2, seed=15)  # apply-then-drop, 429 with a reset, or 500

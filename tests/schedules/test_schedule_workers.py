@@ -21,7 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 HANDLERS = "tests.support.worker_handlers,tests.support.worker_schedules"
 #: Occurrences of the every-second schedule the four workers race for (180: the issue's 3 min).
-SOAK_SECONDS = int(os.environ.get("SCHEDULE_SOAK_SECONDS", "35"))
+#: 35 once; 18 catch a tick without its compare-and-set as surely (every occurrence is then
+#: enqueued by several workers, from the first one on).
+SOAK_SECONDS = int(os.environ.get("SCHEDULE_SOAK_SECONDS", "18"))
 
 
 def schedule_env(**declaration: object) -> dict[str, str]:
@@ -38,7 +40,7 @@ def seconds(jobs: list[EventJob]) -> list[datetime]:
 
 def test_four_workers_enqueue_and_run_each_occurrence_exactly_once(workers: Workers) -> None:
     """Four real worker processes tick an every-second schedule; one of them is stopped
-    half-way (there is no leader to lose). The suite runs it for about 35 occurrences;
+    half-way (there is no leader to lose). The suite runs it for about 18 occurrences;
     ``SCHEDULE_SOAK_SECONDS=180`` runs the issue's three minutes (180 occurrences) — the
     property is per occurrence, so the longer run repeats it rather than strengthens it.
 
@@ -65,8 +67,8 @@ def test_four_workers_enqueue_and_run_each_occurrence_exactly_once(workers: Work
     assert all(j.status == "completed" and j.attempt == 1 for j in scheduled("every_second"))
     logs = [workers.stderr(p) for p in procs]
     assert not any("was already stored" in log for log in logs)  # the CAS, not the dedupe key
-    for log in logs:  # every worker ticked at the occurrences: no leader
-        assert log.count("schedules ticked at") >= 10
+    for log in logs:  # every worker ticked at the occurrences (the first for half): no leader
+        assert log.count("schedules ticked at") >= total // 3
     enqueuers = Counter(j.payload["enqueued_by"] for j in enqueued)
     assert len(enqueuers) >= 2, enqueuers  # whoever gets there first enqueues
 
