@@ -140,6 +140,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "The database refuses this payload (a NUL character on PostgreSQL).",
         "Nothing to do: Feishu's redelivery could never store it either.",
     ),
+    "unstorable_key": (
+        "A field the ledger keys the event by (its id, the chat, thread, message or user id)"
+        " holds a lone surrogate, which no database can store as text.",
+        "Nothing to do: Feishu's redelivery could never store it either; the message says "
+        "which field.",
+    ),
     # Feishu's Open API (replies and sends)
     "feishu_error": (
         "A call to Feishu's Open API did not succeed.",

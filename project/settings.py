@@ -136,5 +136,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "feishu_inbox": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+        # A 500 (an unexpected exception in a view) with its traceback: with DEBUG off Django
+        # sends it to no handler of its own. Refusals (4xx) are feishu_inbox.webhook's lines.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }

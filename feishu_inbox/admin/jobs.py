@@ -14,10 +14,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -301,6 +302,17 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
             "dashboard_url": reverse("admin:feishu_inbox_dashboard"),
         }
         return super().changelist_view(request, extra_context)
+
+    def response_action(  # Django 6 adds a parameter (action_location): passed on
+        self, request: HttpRequest, queryset: QuerySet[EventJob], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # The list's checkboxes post job ids; anything else (a forged or mangled post) would
+        # reach the database as a lookup no id column takes: refused here, nothing moves.
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        if not all(s.isascii() and s.isdigit() and 0 < int(s) < 2**63 for s in selected):
+            self.message_user(request, "Select jobs by their ids; nothing was done.", "error")
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def change_view(
         self,

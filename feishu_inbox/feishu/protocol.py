@@ -72,7 +72,13 @@ def signature_matches(
 
 
 def token_matches(expected: str, given: object) -> bool:
-    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+    if not isinstance(given, str):
+        return False
+    try:
+        given_bytes = given.encode()
+    except UnicodeEncodeError:  # a lone surrogate (a \u escape of half a character): no token
+        return False
+    return hmac.compare_digest(expected.encode(), given_bytes)
 
 
 # --- envelopes -----------------------------------------------------------------------------
@@ -96,15 +102,26 @@ class Envelope:
         return event if isinstance(event, dict) else {}
 
 
+def _not_json(constant: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity; JSON has no such values, and a ledger
+    on SQLite could not store them (its JSON check refuses them), so they are refused here,
+    on every database, before anything is stored."""
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc).split(":")[0][:80] if isinstance(exc, ValueError) else "not UTF-8"
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if nests_deeper_than(raw):
         raise ProtocolError(
             "too_deep", f"The body's JSON nests deeper than {MAX_JSON_DEPTH} levels."
         )
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_not_json)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError("invalid_json", "The body is not JSON.") from exc
+        raise ProtocolError("invalid_json", f"The body is not JSON ({_reason(exc)}).") from exc
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "The body is JSON but not an object.")
     return data
@@ -137,6 +154,7 @@ def parse_envelope(body: dict[str, Any], raw: str | None = None) -> Envelope:
     for name, value in (("event id", event_id), ("event type", event_type)):
         if not isinstance(value, str) or not value or len(value) > 128:
             raise ProtocolError("missing_fields", f"The event has no usable {name}.")
+        storable(value, name)
     return Envelope(
         schema=schema,
         event_id=event_id,  # type: ignore[arg-type]
@@ -258,6 +276,10 @@ def check_signature(
         raise ProtocolError(
             "stale_timestamp", "X-Lark-Request-Timestamp is not a number.", status=401
         ) from None
+    except OverflowError:  # more digits than any clock has: int - float cannot be computed
+        raise ProtocolError(
+            "stale_timestamp", "X-Lark-Request-Timestamp is no time of this era.", status=401
+        ) from None
     if age > replay_window:
         raise ProtocolError(
             "stale_timestamp",
@@ -299,6 +321,21 @@ def event_keys(event_type: str) -> Callable[[KeyFunction], KeyFunction]:
     return register
 
 
+def storable(value: str, field: str) -> str:
+    """``value``, if the database can store it as text: a lone surrogate (``"\\udc00"``, which
+    JSON's ``\\u`` escapes can carry) has no UTF-8 form, so no driver can send it. The ledger's
+    keys come from such fields (the event id, the chat, thread, message and user ids)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(
+            "unstorable_key",
+            f"The {field} holds a lone surrogate (a \\u escape of half a character): it "
+            "cannot be stored.",
+        ) from None
+    return value
+
+
 def _get(data: Any, *path: str) -> Any:
     for name in path:
         if not isinstance(data, dict):
@@ -311,7 +348,7 @@ def _first_str(event: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> str
     for path in paths:
         value = _get(event, *path)
         if isinstance(value, str) and value:
-            return value
+            return storable(value, f"event's {'.'.join(path)}")
     return None
 
 
@@ -340,7 +377,7 @@ def default_keys(envelope: Envelope) -> EventKeys:
     event = envelope.event
     message_id = _get(event, "message", "message_id")
     if envelope.event_type == "im.message.receive_v1" and isinstance(message_id, str):
-        dedupe = f"message:{message_id}"
+        dedupe = f"message:{storable(message_id, 'message id')}"
     else:
         dedupe = f"event:{envelope.event_id}"
     chat = _first_str(event, _CHAT_PATHS)
@@ -348,7 +385,7 @@ def default_keys(envelope: Envelope) -> EventKeys:
         partition = f"chat:{chat}"
         thread = _get(event, "message", "thread_id")
         if isinstance(thread, str) and thread:
-            partition += f":thread:{thread}"
+            partition += f":thread:{storable(thread, 'thread id')}"
     elif user := _first_str(event, _USER_PATHS):
         partition = f"user:{user}"
     else:
@@ -365,6 +402,8 @@ def keys_for(envelope: Envelope) -> EventKeys:
             f"The key function for {envelope.event_type} returned {type(keys).__name__}, "
             "not EventKeys."
         )
+    storable(keys.dedupe_key, "dedupe key")  # a site's own key function's, too
+    storable(keys.partition_key, "partition key")
     return keys
 
 

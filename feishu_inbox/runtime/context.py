@@ -58,6 +58,10 @@ class JobContext:
     steps_run: set[str] = field(default_factory=set)
     #: The idempotent effects this attempt began (one key per name).
     idempotent_names: set[str] = field(default_factory=set)
+    #: The worker is writing the attempt's end (finish, fail, hand back): a renewal refused
+    #: from now on was refused because that end landed first, not because the lease was lost.
+    #: A lease that really was lost the end's own write reports, as ``LeaseLost``.
+    ending: bool = False
     on_lost: Callable[[JobContext], None] | None = None
 
     def lease_left(self) -> float:

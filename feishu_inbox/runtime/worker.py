@@ -457,6 +457,7 @@ class Worker:
         """Finish the job and, on the same round trip, claim this slot's next one; with the
         finishes of other slots that end meanwhile (``finishing``)."""
         ctx.ensure_alive()
+        ctx.ending = True
         reserved = 0 if self._stop.is_set() else self._slots.reserve(self.options.max_jobs)
         token = ledger.new_token()  # the same for every try: a lost reply's jobs are found
         sent = time.monotonic()
@@ -494,6 +495,7 @@ class Worker:
         time a ``RetryAt`` asked for (the attempts still bound it); not retried when the error
         says running again cannot help (its ``final`` is True: Feishu refused the request)."""
         ctx.ensure_alive()
+        ctx.ending = True
         final = getattr(error, "final", False) is True
         retry_in: float | None = None
         if final:
@@ -611,6 +613,9 @@ class Worker:
             ledger.renew(ctx.lease, lease_seconds=self.lease_seconds)
             ctx.renewed_at = sent
         except LeaseLost as exc:
+            if ctx.ending:  # the job's own end landed first; a real loss, the end reports
+                log.debug("job %s: not renewed, it is ending (%s)", ctx.event.job_id, exc)
+                return
             ctx.mark_lost(str(exc))
         except DatabaseError as exc:
             writes.drop_connection()
@@ -746,6 +751,7 @@ class Worker:
                 continue
             try:
                 _check_connection(force=True)
+                ctx.ending = True
                 state = writes.write(ctx, "hand back", partial(_hand_back, ctx.lease))
                 ctx.mark_lost("handed back at shutdown")
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)
