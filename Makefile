@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint test-sqlite test-postgres test-suites chromium clean
+.PHONY: demo test test-fast lint test-sqlite test-postgres test-all chromium clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -51,14 +51,14 @@ chromium:
 	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
 	  echo "make test: no Chromium at $(CHROMIUM) for the browser tests. Debian/Ubuntu: apt-get install chromium (or CHROMIUM=/path/to/chromium)"; exit 1; }
 
-# The two suites run side by side: each spends most of its time waiting on worker
-# subprocesses, servers and the browser, so together they take about as long as the longer one
-# alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of its own).
-# --output-sync prints each suite's output whole, when it ends.
-test: chromium lint
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-suites
+# The lint and the two suites run side by side: each suite spends most of its time waiting on
+# worker subprocesses, servers and the browser, so together they take about as long as the
+# longer one alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of
+# its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
+test: chromium $(VENV)/.installed
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-all
 
-test-suites: test-sqlite test-postgres
+test-all: lint test-sqlite test-postgres
 
 test-fast: $(VENV)/.installed
 	env -u DATABASE_URL $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)
