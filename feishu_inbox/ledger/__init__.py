@@ -21,13 +21,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .rules import *  # noqa: F403
-    from .rules import Outcome as Outcome
-    from .rules import cancel as cancel
-    from .rules import discard as discard
-    from .rules import reconcile as reconcile
-    from .rules import replay as replay
-    from .rules import requeue as requeue
+    from .rules import *  # noqa: F403  (the operators' actions too: rules offers them)
 
 
 #: The submodules: ``from feishu_inbox.ledger import retry`` must not load ``rules``.

@@ -19,10 +19,11 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from feishu_inbox import schedules
 from feishu_inbox.errors import ConfigurationError
 from feishu_inbox.feishu import openapi
+from feishu_inbox.ledger.kinds import queue_prefix
 from feishu_inbox.runtime import registry
 from feishu_inbox.runtime.worker import Services, Worker, WorkerOptions
 from feishu_inbox.schedules import scheduler
-from feishu_inbox.tasks.jobs import queue_prefix
+from feishu_inbox.tasks import jobs as _task_kind  # noqa: F401  (registers the task job kind)
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
