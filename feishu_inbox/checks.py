@@ -82,7 +82,9 @@ def check_app_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         Warning(
             f"Feishu app {name!r} has neither an Encrypt Key nor a Verification Token: anyone "
             "who finds the URL can store events.",
-            hint="Copy both from the app's Event Subscriptions page in the Feishu console.",
+            hint="Copy both from the app's Event Subscriptions page in the Feishu console "
+            "(an app that receives over the long connection needs them too: its webhook URL "
+            "is served all the same).",
             id="feishu_inbox.W003",
         )
         for name, secrets in apps.items()

@@ -67,6 +67,21 @@ class InboxSettings:
     REPLAY_WINDOW_SECONDS: float | None = 300.0
     #: Time a card action callback may take before the webhook answers ``{}`` without it.
     CARD_CALLBACK_BUDGET_SECONDS: float = 2.5
+    #: The long connection (``manage.py feishu_connect``): time from receiving an event to its
+    #: ACK, the store included. Feishu redelivers what is not ACKed with code 200 within 3 s,
+    #: so a store that takes longer (a locked or absent database) gets no success ACK.
+    ACK_BUDGET_SECONDS: float = 2.5
+    #: The long connection pings at this interval at most (Feishu's PingInterval, 120 s by
+    #: default, only when shorter), and replaces a connection whose pong takes longer than
+    #: PONG_TIMEOUT_SECONDS: a silent server is noticed within the sum of the two.
+    PING_SECONDS: float = 10.0
+    PONG_TIMEOUT_SECONDS: float = 5.0
+    #: A lost connection is opened again after RECONNECT_MIN_SECONDS, doubling (with jitter)
+    #: after each failed try up to RECONNECT_MAX_SECONDS; it never gives up.
+    RECONNECT_MIN_SECONDS: float = 1.0
+    RECONNECT_MAX_SECONDS: float = 60.0
+    #: Time allowed to each HTTP call and each WebSocket handshake of the long connection.
+    CONNECT_TIMEOUT_SECONDS: float = 10.0
     #: Schedules whose target is named by dotted path: name -> {"cron", "handler", "tz",
     #: "catch_up", "max_catch_up", "partition"}; checked by ``schedules`` (E004).
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -120,6 +135,19 @@ class InboxSettings:
             problems.append(
                 "REPLAY_WINDOW_SECONDS must be > 0 and shorter than COMPLETED_RETENTION, so "
                 f"every replay it accepts is deduplicated (got {window})."
+            )
+        if not 0 < self.ACK_BUDGET_SECONDS < 3:
+            problems.append(
+                "ACK_BUDGET_SECONDS must be > 0 and under 3: Feishu redelivers an event whose "
+                f"ACK takes 3 seconds or more (got {self.ACK_BUDGET_SECONDS})."
+            )
+        for name in ("PING_SECONDS", "PONG_TIMEOUT_SECONDS", "CONNECT_TIMEOUT_SECONDS"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0 (got {getattr(self, name)}).")
+        if not 0 < self.RECONNECT_MIN_SECONDS <= self.RECONNECT_MAX_SECONDS:
+            problems.append(
+                "RECONNECT_MIN_SECONDS must be > 0 and RECONNECT_MAX_SECONDS at least as long "
+                f"(got {self.RECONNECT_MIN_SECONDS}, {self.RECONNECT_MAX_SECONDS})."
             )
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")

@@ -146,6 +146,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Nothing to do: Feishu's redelivery could never store it either; the message says "
         "which field.",
     ),
+    # the long connection (feishu_connect); its bad input is ACKed with the codes above
+    "bad_frame": (
+        "A data frame of the long connection is not one event: a part out of its range, "
+        "parts that disagree on their number, a header that is not a number.",
+        "Nothing: it is ACKed (redelivery could never store it) and logged with the reason.",
+    ),
+    "connection_refused": (
+        "Feishu refused an app's long connection in a way no retry mends (wrong credentials, "
+        "the long connection not enabled for the app, 50 connections per app already open); "
+        "feishu_connect exits 78.",
+        "Do what the log line says (check APP_ID and APP_SECRET, enable the long connection, "
+        "run fewer processes), then start it again.",
+    ),
     # Feishu's Open API (replies and sends)
     "feishu_error": (
         "A call to Feishu's Open API did not succeed.",
@@ -166,7 +179,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "credentials, the chat), then requeue the job.",
     ),
     "database_unavailable": (
-        "The database is down or locked past its timeout; the event was not stored.",
+        "The database is down or locked past its timeout; the event was not stored (the "
+        "webhook answers 503, the long connection ACKs code 500).",
         "Nothing: Feishu redelivers. Check the database if it lasts.",
     ),
 }

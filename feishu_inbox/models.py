@@ -369,3 +369,34 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"schedule {self.name}" + (" (paused)" if self.paused else "")
+
+
+class FeishuConnection(models.Model):
+    """One long connection of one ``feishu_connect`` process, as it last reported itself
+    (every few seconds): the dashboard shows it, live or lost (``ledger/connections.py``)."""
+
+    app = models.CharField(max_length=64)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    #: connecting | connected | waiting (to connect again) | refused | stopped
+    state = models.CharField(max_length=16)
+    #: When it entered its state.
+    since = models.DateTimeField()
+    connected_at = models.DateTimeField(null=True, blank=True)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    last_pong_at = models.DateTimeField(null=True, blank=True)
+    #: Events stored (or found stored) through it since the process started.
+    events = models.BigIntegerField(default=0)
+    #: Why it is not connected (no secret, no URL query).
+    error = models.TextField(blank=True, default="")
+    #: The process's last report: older than a few intervals means the process is gone.
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["app", "host", "pid"]
+        constraints = [
+            models.UniqueConstraint(fields=["app", "host", "pid"], name="one_row_per_connection")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.app} on {self.host}:{self.pid} ({self.state})"

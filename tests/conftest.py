@@ -100,3 +100,30 @@ def fake_feishu() -> Iterator[FakeFeishu]:
                 yield fake
             finally:
                 openapi.forget_clients()
+
+
+@pytest.fixture
+def fake_ws() -> Iterator[Any]:
+    """A running fake of Feishu's long-connection endpoint with two apps, cli_a and cli_b; an
+    event not ACKed with code 200 within 1 s is delivered again every half second."""
+    from tests.support.fake_feishu_ws import FakeLongConnection
+
+    fake = FakeLongConnection(
+        {"cli_a": "secret-a", "cli_b": "secret-b"},
+        client_config={"PingInterval": 1},
+        ack_timeout=1.0,
+        redeliver_after=(0.5,) * 60,
+    )
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def connectors(tmp_path: Path) -> Iterator[Any]:
+    from tests.support.connect_helpers import Connectors
+
+    c = Connectors(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop_all()

@@ -1,4 +1,4 @@
-"""The webhook: ``protocol.open_delivery`` → ledger.enqueue (one transaction) → 200.
+"""The webhook: ``protocol.open_delivery`` → ``inbound.store`` (one transaction) → 200.
 
 The view only maps outcomes to HTTP; the protocol steps are in ``protocol.py``. Nothing else runs.
 
@@ -11,24 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from django.db import DatabaseError, DataError, connections
+from django.db import DatabaseError, DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from ..conf import InboxSettings, checked_settings
-from ..ledger import rules as ledger
-from . import protocol
+from . import inbound, protocol
 from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.webhook")
-
-_card_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="feishu-card")
 
 
 def _error(code: str, message: str, status: int) -> JsonResponse:
@@ -128,55 +123,10 @@ class EventWebhook(View):
         if envelope.event_type == protocol.CARD_ACTION:
             return self._card_action(app, envelope, conf)
 
-        keys = protocol.keys_for(envelope)
-        result = ledger.enqueue(
-            app=app,
-            event_id=envelope.event_id,
-            event_type=envelope.event_type,
-            dedupe_key=keys.dedupe_key,
-            partition_key=f"{app}:{keys.partition_key}"[:255],
-            private_message=keys.private_message,
-            payload=envelope.body,
-            payload_json=envelope.raw,
-        )
-        log.info(
-            "%s event %s (%s, app %s) as job %s",
-            "stored" if result.created else "duplicate",
-            envelope.event_id,
-            envelope.event_type,
-            app,
-            result.job_id,
-        )
+        result = inbound.store(app, envelope)
         return JsonResponse({"ok": True, "duplicate": not result.created})
 
     def _card_action(
         self, app: str, envelope: protocol.Envelope, conf: InboxSettings
     ) -> HttpResponse:
-        callback = protocol.card_callback_for(app)
-        if callback is None:
-            return JsonResponse({})
-        action = protocol.CardAction(app=app, envelope=envelope)
-
-        def run() -> dict[str, Any]:
-            try:
-                return callback(action)
-            finally:
-                connections.close_all()  # this thread's own connections
-
-        future = _card_pool.submit(run)
-        try:
-            answer = future.result(timeout=conf.CARD_CALLBACK_BUDGET_SECONDS)
-        except FutureTimeout:
-            log.error(
-                "card callback for %s took over %.1fs; answered {}",
-                envelope.event_id,
-                conf.CARD_CALLBACK_BUDGET_SECONDS,
-            )
-            return JsonResponse({})
-        except Exception:
-            log.exception("card callback for %s raised; answered {}", envelope.event_id)
-            return JsonResponse({})
-        if not isinstance(answer, dict):
-            log.error("card callback returned %s, not a dict; answered {}", type(answer).__name__)
-            return JsonResponse({})
-        return JsonResponse(answer)
+        return JsonResponse(inbound.answer_card(app, envelope, conf.CARD_CALLBACK_BUDGET_SECONDS))

@@ -8,14 +8,10 @@ retention that runs without cron.
 
 from __future__ import annotations
 
-import sqlite3
-import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, closing, contextmanager
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -24,6 +20,7 @@ from django.utils import timezone
 from feishu_inbox import ledger
 from feishu_inbox.models import Attempt, EventJob
 from tests.support.factories import EventJobFactory
+from tests.support.outages import postgresql_stopped, sqlite_locked
 from tests.support.processes import wait_for
 from tests.support.worker_helpers import Workers, enqueue, job
 
@@ -67,29 +64,6 @@ def run_under_a_blink(workers: Workers, blink: AbstractContextManager[None], **e
     for chat, expected in order.items():
         assert sorted(expected, key=starts.__getitem__) == expected, chat
     return resumed
-
-
-@contextmanager
-def postgresql_stopped() -> Iterator[None]:
-    cluster = sorted(Path("/etc/postgresql").iterdir())[-1].name
-    command = ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main"]
-    connection.close()
-    subprocess.run([*command, "stop", "-m", "fast"], check=True, timeout=60)
-    try:
-        yield
-    finally:
-        subprocess.run([*command, "start"], check=True, timeout=60)
-
-
-@contextmanager
-def sqlite_locked() -> Iterator[None]:
-    """Another process's write lock on the database file, held past the busy timeout."""
-    with closing(sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)) as db:
-        db.execute("BEGIN EXCLUSIVE")
-        try:
-            yield
-        finally:
-            db.execute("ROLLBACK")
 
 
 def test_a_postgresql_restart_under_load_needs_no_operator(

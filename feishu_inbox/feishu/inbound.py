@@ -1,0 +1,86 @@
+"""What the webhook and the long connection do with a decoded event: the same for both.
+
+``store`` gives an event its keys and stores it once (``ledger.enqueue``, one transaction):
+the same dedupe key, partition and private flag whichever path brought it, so an event seen
+on both paths, or redelivered to another connection, is one job. ``answer_card`` runs the
+site's ``@card_callback`` within its budget; whatever goes wrong answers ``{}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from django.db import connections
+
+from ..ledger import rules as ledger
+from ..ledger.rules import EnqueueResult
+from . import protocol
+
+log = logging.getLogger("feishu_inbox.inbound")
+
+_card_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="feishu-card")
+
+
+def store(
+    app: str, envelope: protocol.Envelope, keys: protocol.EventKeys | None = None
+) -> EnqueueResult:
+    """Store ``envelope`` once for ``app`` (with ``keys``, or the ones its type's key function
+    gives); raises ``ProtocolError`` for keys no database can store, Django's ``DataError``
+    for a payload it refuses, ``DatabaseError`` in an outage."""
+    keys = keys or protocol.keys_for(envelope)
+    result = ledger.enqueue(
+        app=app,
+        event_id=envelope.event_id,
+        event_type=envelope.event_type,
+        dedupe_key=keys.dedupe_key,
+        partition_key=partition_of(app, keys),
+        private_message=keys.private_message,
+        payload=envelope.body,
+        payload_json=envelope.raw,
+    )
+    log.info(
+        "%s event %s (%s, app %s) as job %s",
+        "stored" if result.created else "duplicate",
+        envelope.event_id,
+        envelope.event_type,
+        app,
+        result.job_id,
+    )
+    return result
+
+
+def partition_of(app: str, keys: protocol.EventKeys) -> str:
+    """The ledger's partition key: the app's name before the event's own."""
+    return f"{app}:{keys.partition_key}"[:255]
+
+
+def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[str, Any]:
+    """The registered callback's answer to a ``card.action.trigger``, or ``{}`` when there is
+    none, it raises, it answers something else than a dict, or it takes over ``budget``."""
+    callback = protocol.card_callback_for(app)
+    if callback is None:
+        return {}
+    action = protocol.CardAction(app=app, envelope=envelope)
+
+    def run() -> dict[str, Any]:
+        try:
+            return callback(action)
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    future = _card_pool.submit(run)
+    try:
+        answer = future.result(timeout=max(budget, 0.0))
+    except FutureTimeout:
+        log.error("card callback for %s took over %.1fs; answered {}", envelope.event_id, budget)
+        return {}
+    except Exception:
+        log.exception("card callback for %s raised; answered {}", envelope.event_id)
+        return {}
+    if not isinstance(answer, dict):
+        log.error("card callback returned %s, not a dict; answered {}", type(answer).__name__)
+        return {}
+    return answer
