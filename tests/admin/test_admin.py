@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,10 +14,12 @@ from django.db.models import JSONField, Value
 from django.db.models.functions import Cast
 from django.test import Client, override_settings
 from django.urls import reverse
+from django.utils import timezone
 
 from feishu_inbox import ledger
+from feishu_inbox.ledger import connections
 from feishu_inbox.management.demo_data import fill
-from feishu_inbox.models import EventJob
+from feishu_inbox.models import EventJob, FeishuConnection
 from tests.support.factories import EventJobFactory
 from tests.support.ledger_helpers import snapshot
 
@@ -228,6 +232,36 @@ def test_dashboard_and_its_data(operator: Client, ledger_data: dict[str, int]) -
     assert reverse("admin:feishu_inbox_dashboard") in app_index
 
 
+def test_dashboard_shows_each_long_connection_live_or_lost(operator: Client) -> None:
+    now = time.time()
+    up = connections.Report("main", "connected", now - 60, now - 60, now - 5, now - 1, 42, "")
+    down = connections.Report("other", "waiting", now - 3, None, None, None, 0, "no pong within 5s")
+    connections.report("host-a", 101, [up, down])
+    connections.report("host-b", 202, [up])
+    FeishuConnection.objects.filter(host="host-b").update(
+        reported_at=timezone.now() - connections.LOST_AFTER - timedelta(seconds=1)
+    )
+    data = operator.get(reverse("admin:feishu_inbox_dashboard_data")).json()
+    seen = {(c["app"], c["process"]): c for c in data["connections"]}
+    assert {k: c["state"] for k, c in seen.items()} == {
+        ("main", "host-a:101"): "connected",
+        ("other", "host-a:101"): "waiting",
+        ("main", "host-b:202"): "lost",
+    }
+    main = seen[("main", "host-a:101")]
+    assert main["events"] == 42 and main["last_pong_at"] and main["last_event_at"]
+    assert seen[("other", "host-a:101")]["error"] == "no pong within 5s"
+    page = operator.get(reverse("admin:feishu_inbox_dashboard")).content.decode()
+    assert "Long connections (feishu_connect)" in page and "host-b:202" in page
+    # a process that starts removes rows not reported for a day; one that stops, its own
+    FeishuConnection.objects.filter(host="host-b").update(
+        reported_at=timezone.now() - connections.FORGET_AFTER - timedelta(seconds=1)
+    )
+    assert connections.forget_lost() == 1
+    connections.forget("host-a", 101)
+    assert not FeishuConnection.objects.exists()
+
+
 @pytest.mark.parametrize("query", ["", "?status=unknown", "?blocking=yes", "?q=default:chat"])
 def test_list_page_queries_do_not_grow_with_the_ledger(
     operator: Client, django_assert_max_num_queries: Any, query: str
@@ -249,8 +283,9 @@ def test_dashboard_queries_do_not_grow_with_the_ledger(
     fill()
     url = reverse("admin:feishu_inbox_dashboard_data")
     operator.get(url)
-    # 17 on PostgreSQL, one of them stats' count of claimable due heads (which splits "due").
-    with django_assert_max_num_queries(17) as small:
+    # 18 on PostgreSQL, one of them stats' count of claimable due heads (which splits "due"),
+    # one the long connections' rows.
+    with django_assert_max_num_queries(18) as small:
         operator.get(url)
     for _ in range(3):
         fill()
