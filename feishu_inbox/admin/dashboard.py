@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -46,24 +45,7 @@ def dashboard_data() -> dict[str, Any]:
             }
             for p in board.blocked
         ],
-        "connections": [
-            {
-                "app": c.row.app,
-                "process": f"{c.row.host}:{c.row.pid}",
-                "state": "lost" if c.lost else c.row.state,
-                "since": c.row.since.isoformat(),
-                "last_event_at": _iso(c.row.last_event_at),
-                "last_pong_at": _iso(c.row.last_pong_at),
-                "events": c.row.events,
-                "error": c.row.error,
-                "reported_at": c.row.reported_at.isoformat(),
-            }
-            for c in connections.seen()
-        ],
+        "connections": [c.as_dict() for c in connections.seen()],
         "throughput_per_minute": board.completions_per_minute,
         "generated_at": board.generated_at.isoformat(),
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None

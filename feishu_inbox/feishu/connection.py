@@ -37,8 +37,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -80,6 +80,10 @@ class _Redact(logging.Filter):
 wire_log = logging.getLogger("feishu_inbox.connection.websocket")
 wire_log.addFilter(_Redact())
 wire_log.setLevel(logging.INFO)
+
+
+#: Discovery calls, each bounded: apart from the pool card callbacks and stores use.
+_discovery_pool = ThreadPoolExecutor(4, thread_name_prefix="feishu-discovery")
 
 
 class ConnectionRefused(InboxError):
@@ -262,7 +266,14 @@ class Connection:
                 "has no APP_ID or APP_SECRET.",
                 "Set both in FEISHU_INBOX['APPS'] (the app's credentials page).",
             )
-        answer = await asyncio.to_thread(self._post_discovery)
+        loop = asyncio.get_running_loop()
+        try:  # the socket timeout bounds each read, not the call (DNS, a trickling server)
+            answer = await asyncio.wait_for(
+                loop.run_in_executor(_discovery_pool, self._post_discovery),
+                self.conf.CONNECT_TIMEOUT_SECONDS + 1,
+            )
+        except TimeoutError:
+            raise Lost(f"discovery took over {self.conf.CONNECT_TIMEOUT_SECONDS:g}s") from None
         code = answer.get("code")
         if code in RETRIED_DISCOVERY_CODES:
             raise Lost(f"discovery answered code {code} (busy)")
@@ -335,9 +346,12 @@ class Connection:
             )
         except InvalidStatus as exc:
             headers = exc.response.headers
-            status = headers.get("handshake-status") or str(exc.response.status_code)
+            status = headers.get("handshake-status")
             message = redact(str(headers.get("handshake-msg") or ""))[:200]
             auth = headers.get("handshake-autherrcode") or ""
+            if status is None or "handshake-msg" not in headers:
+                # not Feishu's refusal (a proxy, a load balancer): retried, as the SDK does
+                raise Lost(f"handshake answered HTTP {exc.response.status_code}") from None
             if status == str(FORBIDDEN):
                 raise ConnectionRefused(
                     self.app,
@@ -399,7 +413,10 @@ class Connection:
         ping = Frame(service=service, method=CONTROL, headers=(("type", "ping"),)).encode()
         while True:
             self.pong.clear()
-            await ws.send(ping)
+            try:  # a peer that stops reading fills the buffer: send() would wait for ever
+                await asyncio.wait_for(ws.send(ping), self.conf.PONG_TIMEOUT_SECONDS)
+            except TimeoutError:
+                raise Lost("the server stopped reading (a ping could not be sent)") from None
             try:
                 await asyncio.wait_for(self.pong.wait(), self.conf.PONG_TIMEOUT_SECONDS)
             except TimeoutError:
@@ -432,7 +449,7 @@ class Connection:
                 if frame.payload:
                     try:
                         self._configure(ClientConfig.parse(json.loads(frame.payload)))
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         log.debug("app %s: a pong's ClientConfig is not JSON", self.app)
             return
         if frame.method != DATA:
@@ -488,26 +505,31 @@ class Connection:
         loop = asyncio.get_running_loop()
         if envelope.event_type == protocol.CARD_ACTION:
             budget = min(self.conf.CARD_CALLBACK_BUDGET_SECONDS, deadline - time.monotonic())
-            answer = await loop.run_in_executor(
-                None, inbound.answer_card, self.app, envelope, budget
-            )
+            answer = await asyncio.to_thread(inbound.answer_card, self.app, envelope, budget)
             return Outcome(200, answer)
         keys = protocol.keys_for(envelope)
         partition = inbound.partition_of(self.app, keys)
         before = self.tails.get(partition)
 
-        def store() -> bool:
+        def store() -> bool | None:
             if time.monotonic() > deadline:  # its ACK is gone already: let Feishu redeliver
-                return False
+                return None
             close_old_connections()  # a connection broken by an outage is replaced
             return inbound.store(self.app, envelope, keys).created
 
-        async def in_order() -> bool:
+        async def in_order() -> bool | None:
+            """Stored after the chat's previous event, or not at all: when that one is not
+            stored in time, or failed, this one is not stored either (both get code 500 and
+            come back by redelivery), so a chat's events never commit out of arrival order."""
             if before is not None:
                 await asyncio.wait({before}, timeout=max(deadline - time.monotonic(), 0))
+                if not before.done() or before.cancelled() or before.exception() is not None:
+                    return None
+                if before.result() is None:
+                    return None
             return await loop.run_in_executor(self.store_pool, store)
 
-        stored = asyncio.ensure_future(in_order())
+        stored: asyncio.Future[bool | None] = asyncio.ensure_future(in_order())
         self.tails[partition] = stored
         stored.add_done_callback(lambda f: self._forget_tail(partition, f))
         try:
@@ -522,14 +544,25 @@ class Connection:
                 self.conf.ACK_BUDGET_SECONDS,
             )
             return Outcome(500)
-        except DataError as exc:
-            raise ProtocolError("unstorable_payload", f"The database refused it ({exc}).") from exc
+        except DataError as exc:  # its first line only: the others quote the payload
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise ProtocolError(
+                "unstorable_payload", f"The database refused it: {reason}."
+            ) from exc
         except DatabaseError as exc:
             log.error(
                 "database unavailable, event %s (app %s) gets no success ACK: %s",
                 envelope.event_id,
                 self.app,
                 type(exc).__name__,
+            )
+            return Outcome(500)
+        if created is None:
+            log.error(
+                "event %s (app %s) not stored: the one before it in its chat was not; no "
+                "success ACK (Feishu redelivers both)",
+                envelope.event_id,
+                self.app,
             )
             return Outcome(500)
         self.status.events += 1
@@ -548,23 +581,18 @@ class Connection:
         from websockets.exceptions import ConnectionClosed
 
         answer: dict[str, Any] = {"code": outcome.code}
-        if outcome.answer is not None:
-            answer["data"] = base64.b64encode(json.dumps(outcome.answer).encode()).decode()
+        if outcome.answer is not None:  # encodable: answer_card checked it
+            answer["data"] = base64.b64encode(inbound.encode_answer(outcome.answer)).decode()
         elapsed = int((time.monotonic() - received) * 1000)
-        ack = Frame(
-            seq_id=frame.seq_id,
-            log_id=frame.log_id,
-            service=frame.service,
-            method=frame.method,
+        # the frame echoed whole (its unknown fields too), as the SDK does
+        ack = replace(
+            frame,
             headers=(*frame.headers, ("biz_rt", str(elapsed))),
-            payload_encoding=frame.payload_encoding,
-            payload_type=frame.payload_type,
             payload=json.dumps(answer).encode(),
-            log_id_new=frame.log_id_new,
         )
         try:
-            await ws.send(ack.encode())
-        except (ConnectionClosed, OSError):
+            await asyncio.wait_for(ws.send(ack.encode()), self.conf.PONG_TIMEOUT_SECONDS)
+        except (ConnectionClosed, OSError, TimeoutError):
             log.warning(
                 "app %s: the ACK of %s (code %d) was lost with the connection; Feishu "
                 "redelivers it, and a stored event is then a duplicate",

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,12 +61,29 @@ class Connector:
 
     def run(self) -> int:
         """Serve until stopped (0) or refused (EXIT_REFUSED)."""
+        code = 1
         try:
-            return asyncio.run(self._main())
+            code = asyncio.run(self._main())
+            return code
         finally:
+            self._shut_down(code)
+
+    def _shut_down(self, code: int) -> None:
+        """Let the stores in hand finish, for a while: one stuck on a lock or a lost database
+        must not keep a stopping process alive (a supervisor's stop timeout would kill it)."""
+
+        def wait_for_pools() -> None:
             self.store_pool.shutdown(wait=True)
             self.report_pool.shutdown(wait=True)
-            self._forget()
+
+        done = threading.Thread(target=wait_for_pools, daemon=True)
+        done.start()
+        done.join(self.conf.ACK_BUDGET_SECONDS + 5)
+        if done.is_alive():
+            log.error("a store is stuck (database lock or outage); exiting without it")
+            logging.shutdown()
+            os._exit(code or 1)
+        self._forget()
 
     def _changed(self, status: Status) -> None:
         self.changed.set()
@@ -113,8 +131,8 @@ class Connector:
     async def _report_until(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
+            self.changed.clear()  # before: a change during the write is reported next
             await loop.run_in_executor(self.report_pool, self._report)
-            self.changed.clear()
             waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.changed.wait())}
             await asyncio.wait(
                 waits, timeout=rows.REPORT_EVERY, return_when=asyncio.FIRST_COMPLETED

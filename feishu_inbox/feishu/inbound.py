@@ -8,11 +8,14 @@ site's ``@card_callback`` within its budget; whatever goes wrong answers ``{}``.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
 from ..ledger import rules as ledger
@@ -64,8 +67,11 @@ def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[st
     if callback is None:
         return {}
     action = protocol.CardAction(app=app, envelope=envelope)
+    deadline = time.monotonic() + budget
 
-    def run() -> dict[str, Any]:
+    def run() -> dict[str, Any] | None:
+        if time.monotonic() > deadline:  # queued behind slow ones: Feishu has its {} already
+            return None
         try:
             return callback(action)
         finally:
@@ -83,4 +89,14 @@ def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[st
     if not isinstance(answer, dict):
         log.error("card callback returned %s, not a dict; answered {}", type(answer).__name__)
         return {}
+    try:
+        encode_answer(answer)
+    except (TypeError, ValueError, RecursionError) as exc:
+        log.error("card callback's answer is not JSON (%s); answered {}", type(exc).__name__)
+        return {}
     return answer
+
+
+def encode_answer(answer: dict[str, Any]) -> bytes:
+    """A card callback's answer as JSON (dates and decimals as Django's JsonResponse does)."""
+    return json.dumps(answer, cls=DjangoJSONEncoder).encode()

@@ -63,7 +63,12 @@ class EventWebhook(View):
         except DataError as exc:
             # The database refuses this payload (e.g. a \u0000 escape in jsonb): redelivery
             # would fail forever, so it is bad input, not an outage.
-            log.warning("refused delivery (app %s, unstorable_payload): %s", app, exc)
+            # its first line only: the others quote the payload
+            log.warning(
+                "refused delivery (app %s, unstorable_payload): %s",
+                app,
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+            )
             return _error("unstorable_payload", "The event cannot be stored as JSON.", 400)
         except DatabaseError as exc:
             log.error("database unavailable, asking Feishu to redeliver: %s", type(exc).__name__)

@@ -80,6 +80,21 @@ class Seen:
     row: FeishuConnection
     lost: bool
 
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready (the dashboard, ``inbox connections --json``)."""
+        r = self.row
+        return {
+            "app": r.app,
+            "process": f"{r.host}:{r.pid}",
+            "state": "lost" if self.lost else r.state,
+            "since": r.since.isoformat(),
+            "last_event_at": r.last_event_at.isoformat() if r.last_event_at else None,
+            "last_pong_at": r.last_pong_at.isoformat() if r.last_pong_at else None,
+            "events": r.events,
+            "error": r.error,
+            "reported_at": r.reported_at.isoformat(),
+        }
+
 
 def seen(now: datetime | None = None) -> list[Seen]:
     """Every connection row, with whether its process is lost."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.db.models import JSONField, Value
 from django.db.models.functions import Cast
 from django.test import Client, override_settings
@@ -253,6 +256,12 @@ def test_dashboard_shows_each_long_connection_live_or_lost(operator: Client) -> 
     assert seen[("other", "host-a:101")]["error"] == "no pong within 5s"
     page = operator.get(reverse("admin:feishu_inbox_dashboard")).content.decode()
     assert "Long connections (feishu_connect)" in page and "host-b:202" in page
+    out = StringIO()
+    call_command("inbox", "connections", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == data["connections"]
+    out = StringIO()
+    call_command("inbox", "connections", stdout=out)
+    assert "host-b:202" in out.getvalue() and "lost" in out.getvalue()
     # a process that starts removes rows not reported for a day; one that stops, its own
     FeishuConnection.objects.filter(host="host-b").update(
         reported_at=timezone.now() - connections.FORGET_AFTER - timedelta(seconds=1)

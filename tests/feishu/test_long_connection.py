@@ -91,8 +91,14 @@ def test_events_are_stored_once_before_their_ack_and_run_in_order_per_chat(
     # ACK latency: the fake measures from the last frame sent to the ACK
     latencies = sorted(a.latency for a in fake_ws.acks)
     assert latencies[len(latencies) // 2] < 1.0
-    row = FeishuConnection.objects.get()
-    assert (row.app, row.state) == ("main", "connected")
+    wait_for(
+        lambda: (
+            [(r.app, r.state, r.events) for r in FeishuConnection.objects.all()]
+            == [("main", "connected", 36)]
+        ),
+        5,
+        "the connection's row (30 events, 6 of them twice)",
+    )
     assert secrets_in(connectors.all_stderr(), fake_ws) == []
 
 
@@ -269,11 +275,13 @@ def test_a_refusal_that_can_mend_is_retried_with_backoff(
         fake_ws.refuse_discovery(code=1, msg="system busy")
     fake_ws.refuse_discovery(status=502, code=0, msg="bad gateway")
     fake_ws.refuse_handshake("500", "internal error")
+    fake_ws.refuse_handshake(None)  # a bare 403 (a proxy's, not Feishu's): retried too
     proc = connectors.start(apps_for(fake_ws, main="cli_a"))
     connected(fake_ws, 1)
-    assert fake_ws.discoveries == 6 and proc.poll() is None
+    assert fake_ws.discoveries == 7 and proc.poll() is None
     log = connectors.stderr(proc)
     assert "discovery answered code 1 (busy)" in log and "discovery answered HTTP 502" in log
+    assert "handshake answered HTTP 403" in log
 
 
 def test_sigterm_stores_what_is_in_hand_then_exits_0_and_the_probe_tells_readiness(

@@ -295,7 +295,8 @@ class FakeLongConnection:
                 )
             )
             pending = self.pending.get((app_id, event_id))
-            if pending is not None and answer.get("code") == 200:
+            late = time.monotonic() - sent > self.ack_timeout  # Feishu redelivers it anyway
+            if pending is not None and answer.get("code") == 200 and not late:
                 pending.acked = True
 
     # --- pushing events ------------------------------------------------------------------------
@@ -394,8 +395,10 @@ class FakeLongConnection:
         with self.lock:
             self.discovery_faults.append((status, code, msg))
 
-    def refuse_handshake(self, status: str, msg: str, autherrcode: str = "") -> None:
-        headers = {"handshake-status": status, "handshake-msg": msg}
+    def refuse_handshake(self, status: str | None, msg: str = "", autherrcode: str = "") -> None:
+        """The next handshake is refused with Feishu's headers, or (``status=None``) with a
+        bare HTTP 403, as a proxy in front of Feishu might answer."""
+        headers = {} if status is None else {"handshake-status": status, "handshake-msg": msg}
         if autherrcode:
             headers["handshake-autherrcode"] = autherrcode
         with self.lock:

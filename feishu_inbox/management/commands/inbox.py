@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
+from feishu_inbox.ledger import connections
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.retention import purge
@@ -126,6 +127,10 @@ class Command(BaseCommand):
                     "--limit", type=int, default=1000, help="at most this many (1000)"
                 )
         sub.add_parser("purge", help="Delete completed jobs past retention.")
+        conns = sub.add_parser(
+            "connections", help="The long connections of feishu_connect processes, live or lost."
+        )
+        conns.add_argument("--json", action="store_true")
         self._add_schedule_arguments(sub)
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
 
@@ -204,6 +209,19 @@ class Command(BaseCommand):
             if key in ("payload", "attempts"):
                 value = json.dumps(value, indent=2, default=str, ensure_ascii=False)
             self.stdout.write(f"{key}: {value}")
+
+    def do_connections(self, options: dict[str, Any]) -> None:
+        rows = [c.as_dict() for c in connections.seen()]
+        if options["json"]:
+            self._print_json(rows)
+            return
+        if not rows:
+            self.stdout.write("no long connection has reported (is feishu_connect running?)")
+        for r in rows:
+            self.stdout.write(
+                f"{r['app']:<16} {r['process']:<28} {r['state']:<10} since {r['since']} "
+                f"last pong {r['last_pong_at'] or '-'} events {r['events']} {r['error']}"
+            )
 
     def _operator(self, options: dict[str, Any]) -> Any:
         """The Django user the action is recorded under (checked before anything moves)."""
