@@ -241,7 +241,7 @@ class Connection:
                 delay,
                 failures,
             )
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         self._move("stopped")
 
@@ -272,7 +272,7 @@ class Connection:
                 loop.run_in_executor(_discovery_pool, self._post_discovery),
                 self.conf.CONNECT_TIMEOUT_SECONDS + 1,
             )
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise Lost(f"discovery took over {self.conf.CONNECT_TIMEOUT_SECONDS:g}s") from None
         code = answer.get("code")
         if code in RETRIED_DISCOVERY_CODES:
@@ -415,11 +415,11 @@ class Connection:
             self.pong.clear()
             try:  # a peer that stops reading fills the buffer: send() would wait for ever
                 await asyncio.wait_for(ws.send(ping), self.conf.PONG_TIMEOUT_SECONDS)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 raise Lost("the server stopped reading (a ping could not be sent)") from None
             try:
                 await asyncio.wait_for(self.pong.wait(), self.conf.PONG_TIMEOUT_SECONDS)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 raise Lost(f"no pong within {self.conf.PONG_TIMEOUT_SECONDS:g}s") from None
             await asyncio.sleep(self.ping_interval)
 
@@ -536,7 +536,7 @@ class Connection:
             created = await asyncio.wait_for(
                 asyncio.shield(stored), max(deadline - time.monotonic(), 0)
             )
-        except TimeoutError:
+        except asyncio.TimeoutError:
             log.error(
                 "event %s (app %s) not stored within %.1fs; no success ACK (Feishu redelivers)",
                 envelope.event_id,
@@ -592,7 +592,7 @@ class Connection:
         )
         try:
             await asyncio.wait_for(ws.send(ack.encode()), self.conf.PONG_TIMEOUT_SECONDS)
-        except (ConnectionClosed, OSError, TimeoutError):
+        except (ConnectionClosed, OSError, asyncio.TimeoutError):
             log.warning(
                 "app %s: the ACK of %s (code %d) was lost with the connection; Feishu "
                 "redelivers it, and a stored event is then a duplicate",

@@ -215,7 +215,7 @@ class Connector:
                     + data
                 )
                 await writer.drain()
-            except (TimeoutError, ConnectionError):
+            except (asyncio.TimeoutError, ConnectionError):
                 pass
             finally:
                 writer.close()
