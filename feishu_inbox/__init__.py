@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import Cancelled, LeaseLost, Superseded
+from .errors import Cancelled, LeaseLost, Superseded, TimedOut
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
@@ -24,6 +24,7 @@ __all__ = [
     "RetryAt",
     "RetryPolicy",
     "Superseded",
+    "TimedOut",
     "card_callback",
     "checkpoint",
     "client",

@@ -87,6 +87,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "the job ends unknown.",
         "Check whether the effect happened (for a reply: look in the chat), then reconcile.",
     ),
+    "timed_out": (
+        "A job ran past its handler's timeout: the attempt was stopped (at a checkpoint, a "
+        "step or an effect, or by the worker, which fenced its lease) and retried by its "
+        "policy, or ended unknown when an effect was in flight.",
+        "Find what it waited on (the attempt's history names the timeout); raise the timeout "
+        "with @handler(..., timeout=...) if the work is genuinely that long.",
+    ),
     "lease_lost": (
         "The worker no longer holds the job: its lease expired or another worker took it.",
         "Stop working on it; lease expiry recovers it. If this happens often, raise LEASE_SECONDS.",
@@ -303,6 +310,13 @@ class Superseded(BaseException):
 class Cancelled(BaseException):
     """Raised by ``checkpoint()`` (and by entering ``effect()``) when an operator cancelled the
     running job. A ``BaseException`` for the same reason as ``Superseded``."""
+
+
+class TimedOut(BaseException):
+    """Raised by ``checkpoint()``, ``step()`` and entering ``effect()`` once the job has run
+    past its handler's ``timeout``. A ``BaseException`` for the same reason as ``Superseded``.
+    A handler that reaches none of them is stopped by the worker instead (``TimedOut`` is then
+    what its attempt records)."""
 
 
 # --- Feishu's Open API (feishu/openapi.py) ----------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, TimedOut
 
 log = logging.getLogger("feishu_inbox.handlers")
 
@@ -63,6 +63,12 @@ class JobContext:
     #: A lease that really was lost the end's own write reports, as ``LeaseLost``.
     ending: bool = False
     on_lost: Callable[[JobContext], None] | None = None
+    #: When (monotonic) the attempt times out (its handler's ``timeout``; None: never); set
+    #: once the worker stopped it, so the handler's next checkpoint raises too.
+    deadline: float | None = None
+    timed_out: threading.Event = field(default_factory=threading.Event)
+    #: The worker ended this attempt at its timeout while its thread still ran the handler.
+    abandoned: bool = False
 
     def lease_left(self) -> float:
         """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""
@@ -78,6 +84,21 @@ class JobContext:
     def ensure_alive(self) -> None:
         if self.lost.is_set():
             raise LeaseLost(f"Job {self.event.job_id} lost its lease; stop working on it.")
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def ensure_in_time(self) -> None:
+        """Raise ``TimedOut`` once the attempt ran past its handler's timeout."""
+        if self.timed_out.is_set() or self.past_deadline():
+            raise TimedOut(
+                f"Job {self.event.job_id} ran past its handler's timeout of "
+                f"{self.timeout_seconds:g}s."
+            )
+
+    @property
+    def timeout_seconds(self) -> float:
+        return 0.0 if self.deadline is None else self.deadline - self.started
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("feishu_inbox_job")

@@ -46,6 +46,7 @@ def checkpoint() -> None:
     """
     ctx = current()
     ctx.ensure_alive()
+    ctx.ensure_in_time()
     if ctx.cancelled.is_set():
         raise Cancelled(f"Job {ctx.event.job_id} was cancelled by an operator.")
     if ctx.interrupt.is_set():
@@ -117,6 +118,7 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
     from ..ledger import rules as ledger
 
     ctx.ensure_alive()
+    ctx.ensure_in_time()
     idempotent = scope.idempotent
     if idempotent is not None and idempotent.name in ctx.idempotent_names:
         raise DuplicateEffect(

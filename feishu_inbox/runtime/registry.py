@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +25,30 @@ if TYPE_CHECKING:
 Handler = Callable[["Event"], Any]
 _registry: dict[str, list[Handler]] = {}
 _problems: list[str] = []
+_timeouts: dict[str, float] = {}
 
 
-def handler(event_type: str, *, retry: RetryPolicy | None = None) -> Callable[[Handler], Handler]:
+def handler(
+    event_type: str,
+    *,
+    retry: RetryPolicy | None = None,
+    timeout: timedelta | float | None = None,
+) -> Callable[[Handler], Handler]:
     """Register a sync or ``async def`` function for one event type, with its retry policy
-    (default: the site's, from settings). Every problem with the arguments is collected and
-    reported at once, by ``manage.py check`` (E003) and when a worker starts."""
+    (default: the site's, from settings) and its ``timeout`` (a ``timedelta`` or seconds;
+    default: none): an attempt still running then is stopped and retried by its policy.
+    Every problem with the arguments is collected and reported at once, by ``manage.py
+    check`` (E003) and when a worker starts."""
     found = []
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+    ):
+        found.append(
+            f"the timeout for {event_type!r} must be a positive timedelta or number of "
+            f"seconds, got {timeout!r}"
+        )
+        seconds = None
     if not isinstance(event_type, str) or not event_type or len(event_type) > 128:
         found.append(
             f"@handler needs an event type string of 1 to 128 characters, got {event_type!r}"
@@ -49,9 +67,16 @@ def handler(event_type: str, *, retry: RetryPolicy | None = None) -> Callable[[H
             _registry[event_type].append(fn)
         if retry is not None and not found:
             register_policy(event_type, retry)
+        if seconds is not None:
+            _timeouts[event_type] = float(seconds)
         return fn
 
     return register
+
+
+def timeout_for(event_type: str) -> float | None:
+    """Seconds an attempt of this event type may run (None: no timeout)."""
+    return _timeouts.get(event_type)
 
 
 def registered() -> dict[str, Handler]:

@@ -120,6 +120,7 @@ def memoized(ctx: context.JobContext, name: str) -> tuple[bool, Any]:
     from ..ledger import rules as ledger
 
     ctx.ensure_alive()
+    ctx.ensure_in_time()
     if name in ctx.steps_run:
         raise DuplicateStep(
             f"Step {name!r} ran twice in attempt {ctx.event.attempt} of job {ctx.event.job_id}.",

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import checked_settings
-from ..errors import Cancelled, InvalidState, LeaseLost, Superseded
+from ..errors import Cancelled, InvalidState, LeaseLost, Superseded, TimedOut
 from ..ledger import retention
 from ..ledger import rules as ledger
 from ..ledger.retry import RetryAt
@@ -65,6 +65,8 @@ CLAIM_RETRY_FIRST_DELAY = 0.1
 #: How often, at most, a worker asks whether the shared retention purge is due (it runs once
 #: per PURGE_INTERVAL across all workers).
 MAINTENANCE_TICK = 30.0
+#: A handler past its timeout has this long to reach a checkpoint before the worker stops it.
+TIMEOUT_GRACE = 1.0
 #: The schedules thread wakes this long after an occurrence, so the database's clock has
 #: surely reached it (the sleep is measured on this host's clock).
 SCHEDULE_WAKE_SLACK = 0.005
@@ -272,6 +274,11 @@ class Worker:
         self._claim_token: str | None = None
         self._signals = 0
         self.outcomes: dict[str, int] = {}
+        #: Handler threads still running a job that timed out; at ``concurrency`` of them
+        #: (2 at least) the worker stops and asks to be started again (``runworker`` re-execs).
+        self._abandoned = 0
+        self._abandoned_lock = threading.Lock()
+        self.restart_requested = False
 
     # --- the main loop -----------------------------------------------------------------------
 
@@ -401,13 +408,16 @@ class Worker:
             attempt=job.lease.attempt,
             private_message=job.private_message,
         )
+        timeout = registry.timeout_for(job.event_type)
         return context.JobContext(
             lease=job.lease,
             event=event,
             lease_seconds=self.lease_seconds,
             renewed_at=sent,
+            started=sent,
             has_steps=job.has_steps,
             on_lost=self._slots.free,
+            deadline=None if timeout is None else sent + timeout,
         )
 
     def _start(self, job: ledger.ClaimedJob, sent: float) -> None:
@@ -437,6 +447,9 @@ class Worker:
             writes.drop_connection()
             outcome = "database_error"
         finally:
+            if ctx.abandoned:  # the worker timed it out long ago; its thread is back
+                with self._abandoned_lock:
+                    self._abandoned -= 1
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             self._slots.free(ctx, successor=following)
             log.info(
@@ -568,7 +581,11 @@ class Worker:
         tick = min(renew_every, HEARTBEAT_TICK)
         while not self._done.is_set():
             for ctx in self._slots.held():
-                if not ctx.lost.is_set() and time.monotonic() - ctx.renewed_at >= renew_every:
+                if ctx.lost.is_set() or ctx.ending:
+                    continue
+                if ctx.deadline is not None and time.monotonic() >= ctx.deadline + TIMEOUT_GRACE:
+                    self._time_out(ctx)
+                elif time.monotonic() - ctx.renewed_at >= renew_every:
                     self._renew(ctx)
             self._check_now.clear()
             self._look_for_signals()
@@ -605,6 +622,51 @@ class Worker:
                 event_type,
                 event_type,
             )
+
+    def _time_out(self, ctx: context.JobContext) -> None:
+        """A handler ran past its timeout and reached no checkpoint: end its attempt here.
+        The attempt's end is fenced by its lease, so nothing its thread does afterwards (a
+        finish, a step, an effect's start) lands; the slot is freed at once. An effect in
+        flight makes it ``unknown``, as any failure does; else it is retried by its policy."""
+        ctx.timed_out.set()  # its next checkpoint, step or effect raises TimedOut
+        error = TimedOut(
+            f"Job {ctx.event.job_id} ran past its handler's timeout of "
+            f"{ctx.timeout_seconds:g}s and was stopped by the worker."
+        )
+        try:
+            state = self._fail(ctx, error)
+        except LeaseLost as exc:  # its own end landed first, or the lease was gone
+            log.debug("job %s: not timed out (%s)", ctx.event.job_id, exc)
+            return
+        except DatabaseError as exc:
+            log.error("job %s: its timeout could not be written (%s)", ctx.event.job_id, exc)
+            writes.drop_connection()
+            ctx.ending = False  # try again at the next tick
+            return
+        self.outcomes["timed_out"] = self.outcomes.get("timed_out", 0) + 1
+        log.error(
+            "job %s event %s type %s: %s; the attempt ended %s, its thread is abandoned",
+            ctx.event.job_id,
+            ctx.event.event_id,
+            ctx.event.event_type,
+            error,
+            state,
+        )
+        with self._abandoned_lock:
+            self._abandoned += 1
+            abandoned = self._abandoned
+        ctx.abandoned = True
+        ctx.mark_lost("timed out")
+        if abandoned >= max(2, self.options.concurrency) and not self._stop.is_set():
+            log.error(
+                "worker %s: %d handler threads are stuck past their timeout; restarting "
+                "(the running jobs finish first, within the grace period)",
+                self.worker_id,
+                abandoned,
+            )
+            self.restart_requested = True
+            self._stop.set()
+            self._wake.set()
 
     def _renew(self, ctx: context.JobContext) -> None:
         sent = time.monotonic()

@@ -145,3 +145,7 @@ def reply(event: Event) -> None:
         margin=None if margin is None else timedelta(seconds=margin),
     )
     record("replied", event.event_id, pid, event.attempt)
+
+
+#: The same steps under a timeout of 1.5 s (the timeout tests).
+feishu_inbox.handler("test.timed", timeout=timedelta(seconds=1.5))(steps)

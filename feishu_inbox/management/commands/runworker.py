@@ -11,6 +11,8 @@ that prints nothing hides a handler module that was never imported.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from argparse import ArgumentParser
 from typing import Any
 
@@ -98,6 +100,12 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         log_handlers(worker.handlers)
         worker.run()
+        if worker.restart_requested:
+            # Handler threads stuck past their timeout cannot be stopped from Python: a new
+            # process image replaces them (same pid, same arguments; a supervisor sees no exit).
+            log.warning("worker %s: starting again (os.execv)", worker.worker_id)
+            logging.shutdown()
+            os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606
 
 
 def worker_services() -> Services:
