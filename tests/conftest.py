@@ -54,6 +54,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(schedules, "_problems", [])
     monkeypatch.setattr(registry, "_registry", {k: list(v) for k, v in registry._registry.items()})
     monkeypatch.setattr(registry, "_problems", list(registry._problems))
+    monkeypatch.setattr(registry, "_timeouts", dict(registry._timeouts))
     monkeypatch.setattr(retry, "_policies", dict(retry._policies))
     yield
 

@@ -209,6 +209,7 @@ def schedule(
     partition: str | None = None,
     name: str | None = None,
     retry: RetryPolicy | None = None,
+    timeout: timedelta | float | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function at each occurrence of ``cron`` in time zone ``tz``.
 
@@ -216,7 +217,8 @@ def schedule(
     ``checkpoint()``); the event's payload names the schedule and the occurrence. ``name``
     defaults to the function's name; ``tz`` to ``settings.TIME_ZONE``; ``partition`` (the
     occurrences of one partition run one at a time, in order) to ``schedule:<name>``;
-    ``retry`` (a ``RetryPolicy``) to the site's policy, as for ``@handler``.
+    ``retry`` (a ``RetryPolicy``) to the site's policy, and ``timeout`` to none, as for
+    ``@handler``.
     """
 
     def register(fn: F) -> F:
@@ -231,6 +233,7 @@ def schedule(
             partition=partition,
             origin=origin,
             retry=retry,
+            timeout=timeout,
         )
         return fn
 
@@ -248,6 +251,7 @@ def declare(
     partition: str | None = None,
     origin: str = "",
     retry: RetryPolicy | None = None,
+    timeout: timedelta | float | None = None,
 ) -> ScheduleSpec | None:
     """Check one declaration; register it (and its handler) or record every problem with it."""
     spec, problems = check(
@@ -264,7 +268,7 @@ def declare(
     if spec is None:
         return None
     if not _declared.get(spec.name):  # a second one is reported by problems(), not run
-        registry.handler(spec.event_type, retry=retry)(target)
+        registry.handler(spec.event_type, retry=retry, timeout=timeout)(target)
     _declared.setdefault(spec.name, []).append(spec)
     return spec
 

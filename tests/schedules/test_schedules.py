@@ -89,6 +89,18 @@ def test_the_scheduled_function_is_the_handler_of_its_event_type() -> None:
     assert declare("other").partition == "schedule:other"
 
 
+@pytest.mark.usefixtures("registry")
+def test_a_schedule_has_its_handlers_timeout() -> None:
+    @schedules.schedule("* * * * *", timeout=timedelta(seconds=20))
+    def tidy(event: Any) -> None:
+        pass
+
+    assert registry.timeout_for("schedule.tidy") == 20.0
+    assert registry.timeout_for("schedule.other") is None
+    registry.handler("test.bad", timeout=-1)(tidy)
+    assert any("the timeout for 'test.bad' must be a positive" in p for p in registry.problems())
+
+
 # --- settings-declared schedules -----------------------------------------------------------
 
 
