@@ -5,6 +5,7 @@ from __future__ import annotations
 from .errors import Cancelled, LeaseLost, Superseded, TimedOut
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
+from .ledger.limits import RateLimit
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
 from .runtime.context import Event
 from .runtime.handlers import checkpoint, effect
@@ -20,6 +21,7 @@ __all__ = [
     "Event",
     "EventKeys",
     "LeaseLost",
+    "RateLimit",
     "RetryAfter",
     "RetryAt",
     "RetryPolicy",

@@ -82,6 +82,13 @@ class InboxSettings:
     RECONNECT_MAX_SECONDS: float = 60.0
     #: Time allowed to each HTTP call and each WebSocket handshake of the long connection.
     CONNECT_TIMEOUT_SECONDS: float = 10.0
+    #: Feishu's message limits, kept by the ledger for ``reply``/``send`` (requests per second
+    #: for each chat, each user a message goes to, and each app); None turns one off. Lower
+    #: them when other systems send as the same app; raise them for a tenant with a higher
+    #: quota.
+    FEISHU_RATE_LIMITS: dict[str, float | None] = field(
+        default_factory=lambda: {"chat": 5.0, "user": 5.0, "app": 50.0}
+    )
     #: Schedules whose target is named by dotted path: name -> {"cron", "handler", "tz",
     #: "catch_up", "max_catch_up", "partition"}; checked by ``schedules`` (E004).
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -149,6 +156,21 @@ class InboxSettings:
                 "RECONNECT_MIN_SECONDS must be > 0 and RECONNECT_MAX_SECONDS at least as long "
                 f"(got {self.RECONNECT_MIN_SECONDS}, {self.RECONNECT_MAX_SECONDS})."
             )
+        limits = self.FEISHU_RATE_LIMITS
+        if not isinstance(limits, dict) or not set(limits) <= {"chat", "user", "app"}:
+            problems.append(
+                'FEISHU_RATE_LIMITS must be a dict with keys among "chat", "user" and "app" '
+                f"(got {limits!r})."
+            )
+        else:
+            for name, rate in limits.items():
+                if rate is not None and (
+                    isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0
+                ):
+                    problems.append(
+                        f"FEISHU_RATE_LIMITS[{name!r}] must be a number of requests per second "
+                        f"> 0, or None for no limit (got {rate!r})."
+                    )
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
         return problems

@@ -87,6 +87,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "the job ends unknown.",
         "Check whether the effect happened (for a reply: look in the chat), then reconcile.",
     ),
+    "rate_limited": (
+        "A job waits for a rate limit kept by the ledger (a chat's, an app's, or one of the "
+        "site's own) or for Feishu's reset after a 429: it was handed back, due when a token "
+        "is there, without spending an attempt, and started no effect.",
+        "Nothing: it runs when the bucket refills. If many wait, the limits (FEISHU_RATE_LIMITS "
+        "or a RateLimit of yours) are below the traffic; the dashboard shows each bucket.",
+    ),
     "timed_out": (
         "A job ran past its handler's timeout: the attempt was stopped (at a checkpoint, a "
         "step or an effect, or by the worker, which fenced its lease) and retried by its "
@@ -310,6 +317,18 @@ class Superseded(BaseException):
 class Cancelled(BaseException):
     """Raised by ``checkpoint()`` (and by entering ``effect()``) when an operator cancelled the
     running job. A ``BaseException`` for the same reason as ``Superseded``."""
+
+
+class Deferred(BaseException):
+    """Raised inside a handler when its job must wait before it may go on (a rate limit has
+    no token for it yet): the worker hands the job back, due in ``seconds``, without spending
+    an attempt, and its chat's later jobs wait behind it. A ``BaseException``, as
+    ``Superseded`` is, so that no ``except Exception`` turns the wait into a failure."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.seconds = seconds
+        self.reason = reason
 
 
 class TimedOut(BaseException):

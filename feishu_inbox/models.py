@@ -400,3 +400,25 @@ class FeishuConnection(models.Model):
 
     def __str__(self) -> str:
         return f"{self.app} on {self.host}:{self.pid} ({self.state})"
+
+
+class RateBucket(models.Model):
+    """One rate limit's token bucket (``ledger/limits.py``), shared by every worker: ``tokens``
+    as of ``updated_at``, refilled at ``rate`` per second up to ``burst``; nothing is taken
+    before ``blocked_until`` (Feishu answered 429 and named its reset time)."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    tokens = models.FloatField()
+    rate = models.FloatField(help_text="Tokens per second.")
+    burst = models.FloatField()
+    updated_at = models.DateTimeField()
+    blocked_until = models.DateTimeField(null=True, blank=True)
+    #: Tokens taken, and times a caller found none (since the row was created).
+    taken = models.BigIntegerField(default=0)
+    refused = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return f"rate limit {self.key} ({self.rate:g}/s, burst {self.burst:g})"

@@ -10,7 +10,11 @@ Feishu creates at most one message per uuid within an hour, so when the worker d
 connection drops or Feishu answers 5xx, the job runs again and sends again with the same uuid,
 which cannot make a second message. What Feishu answers decides the rest (``feishu/openapi.py``):
 
-- rate limited (HTTP 429, code 99991400): ``RetryAt`` its reset time, same uuid;
+- before the call, a token of each of Feishu's limits that apply (the chat's 5/s, the user's
+  5/s, the app's 50/s: ``FEISHU_RATE_LIMITS``), kept in the ledger for every worker
+  (``ledger/buckets.py``); a job that finds none waits, without spending an attempt;
+- rate limited all the same (HTTP 429, code 99991400: someone else shares the limit): the
+  chat's bucket is blocked until Feishu's reset, and the job waits for it, same uuid;
 - 5xx, a dropped connection, a timeout: retried after the handler's backoff, same uuid;
 - refused (a 4xx business error) or bad arguments: nothing was sent, the job ends ``failed``
   at once with Feishu's code and message (running it again cannot help);
@@ -21,14 +25,17 @@ which cannot make a second message. What Feishu answers decides the rest (``feis
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FeishuBusinessError, FeishuRateLimited, InvalidMessage
+from ..conf import checked_settings
+from ..errors import Deferred, FeishuBusinessError, FeishuRateLimited, InvalidMessage
 from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
-from ..ledger.retry import RetryAt
-from ..runtime.context import Event
+from ..ledger.limits import Bucket, RateLimit
+from ..runtime.context import Event, current
 from ..runtime.handlers import effect
+from ..runtime.limits import job_values, take
+from ..runtime.writes import write
 from . import openapi
 
 if TYPE_CHECKING:
@@ -54,6 +61,8 @@ def reply(
     reply's message id. ``name`` tells two replies of one handler apart (each its own uuid);
     ``idempotent_for`` (at most Feishu's hour) and ``margin``: see ``ledger/idempotency.py``."""
     message_id = _message_id(event)
+    chat_id = job_values(event).get("chat_id")
+    buckets = feishu_buckets(event.app, chat_id=chat_id if isinstance(chat_id, str) else None)
 
     def call(key: str) -> str:
         return openapi.reply_message(
@@ -65,7 +74,7 @@ def reply(
             uuid=key,
         )
 
-    return _idempotent(event.app, name, idempotent_for, margin, call)
+    return _idempotent(event.app, name, idempotent_for, margin, call, buckets)
 
 
 def send(
@@ -87,7 +96,33 @@ def send(
             app, receive_id, content, receive_id_type=receive_id_type, msg_type=msg_type, uuid=key
         )
 
-    return _idempotent(app, name, idempotent_for, margin, call)
+    to_chat = receive_id_type == "chat_id"
+    buckets = feishu_buckets(
+        app, chat_id=receive_id if to_chat else None, user_id=None if to_chat else receive_id
+    )
+    return _idempotent(app, name, idempotent_for, margin, call, buckets)
+
+
+def feishu_buckets(
+    app: str, *, chat_id: str | None = None, user_id: str | None = None
+) -> list[Bucket]:
+    """The buckets of Feishu's message limits a send to this chat or user takes a token of:
+    the chat's (5/s, shared by every bot in it), the user's (5/s) and the app's (50/s), as
+    ``FEISHU_RATE_LIMITS`` sets them."""
+    rates = checked_settings().FEISHU_RATE_LIMITS
+    found = []
+    for kind, value, template in (
+        ("chat", chat_id, "feishu:{app}:chat:{id}"),
+        ("user", user_id, "feishu:{app}:user:{id}"),
+        ("app", app, "feishu:{app}"),
+    ):
+        rate = rates.get(kind)
+        if value and rate:
+            # burst 1: tokens come evenly spaced, so that no second holds more than the rate
+            # (a bucket's burst on top of its rate is what Feishu's per-second count refuses)
+            limit = RateLimit(template, rate, burst=1)
+            found.append(limit.bucket({"app": app, "id": value}))
+    return found
 
 
 def client(app: str = "default") -> lark_oapi.Client:
@@ -112,19 +147,39 @@ def _idempotent(
     window: timedelta,
     margin: timedelta | None,
     call: Callable[[str], str],
+    buckets: list[Bucket],
 ) -> str:
     openapi.credentials(app)  # no credentials: ConfigurationError, before any effect
     if margin is None and isinstance(window, timedelta):
         margin = max(default_margin(window), SLOWEST_TRY)
     refused: FeishuBusinessError | InvalidMessage | None = None
+    limited: FeishuRateLimited | None = None
     message_id = ""
+    ctx = current()
+    take(ctx, buckets)  # a token of each of Feishu's limits, before the effect (or Deferred)
     with effect(name, idempotent_for=window, margin=margin, longest=FEISHU_UUID_WINDOW) as key:
         try:
             message_id = call(key)
         except (FeishuBusinessError, InvalidMessage) as exc:
             refused = exc  # nothing was sent: the effect ends settled, the job fails
-        except FeishuRateLimited as exc:  # not sent; the effect stays uncertain, the key holds
-            raise RetryAt(exc.reset_at, f"[{exc.code}] {exc.message}") from exc
+        except FeishuRateLimited as exc:
+            limited = exc  # nothing was sent either: settled, and sent again after the reset
     if refused is not None:
         raise refused
+    if limited is not None:
+        # Someone else shares the limit (another system, another bot in the chat): nothing
+        # is taken from the chat's (or user's) bucket before Feishu's reset, and the job
+        # waits for it without spending an attempt (handed back; the uuid holds for the
+        # re-send). Feishu does not say which limit answered; the narrowest is blocked, and
+        # the app's bucket keeps the app below its own.
+        wait = max((limited.reset_at - datetime.now(timezone.utc)).total_seconds(), 0.05)
+        narrowest = buckets[:1]
+        write(ctx, "block the rate limit of", lambda _: block_buckets(narrowest, wait))
+        raise Deferred(wait, f"Feishu answered 429 [{limited.code}] {limited.message}")
     return message_id
+
+
+def block_buckets(buckets: list[Bucket], seconds: float) -> None:
+    from ..ledger import buckets as ledger_buckets  # models: not at import time
+
+    ledger_buckets.block(buckets, seconds)

@@ -429,9 +429,19 @@ def fail(
     return status or _ended_before(lease, "fail", retrying)
 
 
-def hand_back(lease: Lease, *, retrying: bool = False) -> str:
-    """Return a job that started no effect to the queue at once, without spending an attempt."""
-    status = store().hand_back(lease) or (store().ended_with(lease) if retrying else None)
+def hand_back(
+    lease: Lease,
+    *,
+    retrying: bool = False,
+    delay: float = 0.0,
+    error_type: str = "HandedBack",
+    message: str = "The worker shut down.",
+) -> str:
+    """Return a job that started no effect to the queue, due in ``delay`` seconds, without
+    spending an attempt (the worker shuts down; a rate limit has no token for it yet)."""
+    status = store().hand_back(
+        lease, delay=max(delay, 0.0), error_type=error_type, message=truncate(message)
+    ) or (store().ended_with(lease) if retrying else None)
     if status is not None:
         return status
     if _why_not_held(lease) is None:  # the lease is fine: what stopped it is the effect

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,7 +30,9 @@ from ..errors import (
     Superseded,
 )
 from ..ledger.idempotency import Idempotent, effect_key
+from ..ledger.limits import RateLimit
 from .context import JobContext, current
+from .limits import acquire
 from .registry import Handler
 from .writes import write
 
@@ -75,7 +77,9 @@ class effect:
         idempotent_for: timedelta | None = None,
         margin: timedelta | None = None,
         longest: timedelta | None = None,
+        rate_limit: RateLimit | Sequence[RateLimit] = (),
     ) -> None:
+        self.rate_limits = [rate_limit] if isinstance(rate_limit, RateLimit) else list(rate_limit)
         if idempotent_for is None and margin is not None:
             raise LedgerError("effect() was refused: a margin needs idempotent_for.")
         if name is not None and (not isinstance(name, str) or not name or len(name) > 64):
@@ -119,6 +123,7 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
 
     ctx.ensure_alive()
     ctx.ensure_in_time()
+    acquire(scope.rate_limits)  # a token of each, before anything starts (or Deferred)
     idempotent = scope.idempotent
     if idempotent is not None and idempotent.name in ctx.idempotent_names:
         raise DuplicateEffect(

@@ -10,13 +10,14 @@ ledger (``ledger.retry.register_policy``), which gives a job its attempts when i
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
+from ..ledger.limits import RateLimit
 from ..ledger.retry import RetryPolicy, own_policy, register_policy, site_policy
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ Handler = Callable[["Event"], Any]
 _registry: dict[str, list[Handler]] = {}
 _problems: list[str] = []
 _timeouts: dict[str, float] = {}
+_rate_limits: dict[str, list[RateLimit]] = {}
 
 
 def handler(
@@ -33,10 +35,13 @@ def handler(
     *,
     retry: RetryPolicy | None = None,
     timeout: timedelta | float | None = None,
+    rate_limit: RateLimit | Sequence[RateLimit] = (),
 ) -> Callable[[Handler], Handler]:
     """Register a sync or ``async def`` function for one event type, with its retry policy
     (default: the site's, from settings) and its ``timeout`` (a ``timedelta`` or seconds;
-    default: none): an attempt still running then is stopped and retried by its policy.
+    default: none): an attempt still running then is stopped and retried by its policy;
+    its ``rate_limit`` (one ``RateLimit`` or several): a token of each is taken before each
+    attempt starts, and a job that finds none waits (``runtime/limits.py``).
     Every problem with the arguments is collected and reported at once, by ``manage.py
     check`` (E003) and when a worker starts."""
     found = []
@@ -49,6 +54,12 @@ def handler(
             f"seconds, got {timeout!r}"
         )
         seconds = None
+    limits = [rate_limit] if isinstance(rate_limit, RateLimit) else list(rate_limit)
+    found.extend(
+        f"the rate limit of {event_type!r} is not a RateLimit: {limit!r}"
+        for limit in limits
+        if not isinstance(limit, RateLimit)
+    )
     if not isinstance(event_type, str) or not event_type or len(event_type) > 128:
         found.append(
             f"@handler needs an event type string of 1 to 128 characters, got {event_type!r}"
@@ -69,9 +80,16 @@ def handler(
             register_policy(event_type, retry)
         if seconds is not None:
             _timeouts[event_type] = float(seconds)
+        if limits:
+            _rate_limits[event_type] = limits
         return fn
 
     return register
+
+
+def rate_limits_for(event_type: str) -> list[RateLimit]:
+    """The limits a job of this event type takes a token of before it starts."""
+    return _rate_limits.get(event_type, [])
 
 
 def timeout_for(event_type: str) -> float | None:

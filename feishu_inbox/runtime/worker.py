@@ -42,14 +42,15 @@ from typing import Any, Protocol
 from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import checked_settings
-from ..errors import Cancelled, InvalidState, LeaseLost, Superseded, TimedOut
-from ..ledger import retention
+from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, TimedOut
+from ..ledger import limits, retention
 from ..ledger import rules as ledger
-from ..ledger.retry import RetryAt
+from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now, seconds_until_wakeup
 from ..store import store
 from ..store.schema import SCHEDULES_NOTICE
 from . import context, handlers, registry, writes
+from . import limits as rate_limits
 from .finishing import Finish, FinishGroup
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -531,6 +532,27 @@ class Worker:
             ),
         )
 
+    def _defer(self, ctx: context.JobContext, wait: Deferred) -> str:
+        """Hand the job back, due in ``wait.seconds``, without spending an attempt; a job
+        that cannot go back (an effect of it is open) is retried then instead."""
+        ctx.ensure_alive()
+        ctx.ending = True
+        try:
+            return writes.write(
+                ctx,
+                "hand back",
+                lambda retrying: ledger.hand_back(
+                    ctx.lease,
+                    retrying=retrying,
+                    delay=wait.seconds,
+                    error_type=limits.WAITING,
+                    message=wait.reason,
+                ),
+            )
+        except InvalidState:
+            ctx.ending = False
+            return self._fail(ctx, RetryAfter(wait.seconds, wait.reason))
+
     def _execute(self, ctx: context.JobContext) -> tuple[str, context.JobContext | None]:
         fn = registry.handler_for(ctx.event.event_type, self.handlers)
         if fn is None:
@@ -550,7 +572,10 @@ class Worker:
 
                 self._async.run(call)
             else:
+                rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
                 fn(ctx.event)
+        except Deferred as wait:
+            return self._defer(ctx, wait), None
         except Superseded:
             return self._finish(ctx, superseded=True)
         except Cancelled:

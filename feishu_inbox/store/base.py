@@ -209,10 +209,18 @@ class SqlStore:
     def claimed_with(self, worker_id: str, token: str) -> list[Row]:
         return self.rows("claimed_with", {"worker_id": worker_id, "token": token})
 
-    def hand_back(self, fence: Fence) -> str | None:
+    def hand_back(
+        self,
+        fence: Fence,
+        *,
+        delay: float = 0.0,
+        error_type: str = "HandedBack",
+        message: str = "The worker shut down.",
+    ) -> str | None:
+        params = {**fence_params(fence), "delay": delay, "error_type": error_type}
         with self.transaction():
             self.lock_partitions([fence.partition_key])
-            found = self.row("hand_back", fence_params(fence))
+            found = self.row("hand_back", {**params, "message": message})
             if found is None:
                 return None
             self.record_attempts([fence.job_id], number_offset=1, token=fence.token)
@@ -386,6 +394,10 @@ class SqlStore:
 
     def now(self) -> datetime:
         return aware(self.rows("now")[0]["now"])
+
+    def clock(self) -> datetime:
+        """The database's clock as it runs, inside a transaction too (``now`` is its start)."""
+        return aware(self.rows("clock")[0]["now"])
 
     def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None:
         """The earliest time a claim may find work (``key_prefixes``: a claim of only the

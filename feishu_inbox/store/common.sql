@@ -69,17 +69,18 @@ WHERE {fence} AND effects_in_flight > COALESCE(%(in_flight)s - 1, 0)
 RETURNING id
 
 -- hand_back --
--- Return a job that started no effect to the queue, due now, giving its attempt back (fenced);
--- one an operator cancelled meanwhile is completed instead. A job whose every effect is
--- idempotent, settled and inside its window (a retried job that has not re-issued it yet)
--- may go back too: it re-issues them with the same keys.
+-- Return a job that started no effect to the queue, due in %(delay)s seconds, giving its
+-- attempt back (fenced); one an operator cancelled meanwhile is completed instead. A job whose
+-- every effect is idempotent, settled and inside its window (a retried job that has not
+-- re-issued it yet) may go back too: it re-issues them with the same keys. Why it went back:
+-- the worker shut down (HandedBack), or it waits for a rate limit (RateLimited).
 UPDATE {job} SET
     status = CASE WHEN cancel_requested THEN '{completed}'
                   WHEN attempt > 1 THEN '{retry_wait}' ELSE '{queued}' END,
-    attempt = attempt - 1, available_at = now(),
+    attempt = attempt - 1, available_at = feishu_inbox_now_plus(%(delay)s),
     finished_at = CASE WHEN cancel_requested THEN now() ELSE finished_at END,
-    error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE 'HandedBack' END,
-    error_message = 'The worker shut down.',
+    error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE %(error_type)s END,
+    error_message = %(message)s,
     lease_token = '', lease_until = NULL
 WHERE {fence} AND NOT ({effect_started} AND NOT {reissuable_now})
 RETURNING status

@@ -143,3 +143,8 @@ LEFT JOIN LATERAL (
                                           ELSE %(limit)s END,
                                      %(prefixes)s::text[])
 ) claimed ON TRUE
+
+-- clock --
+-- The database's clock as it runs (now() is the transaction's start: a rate limit's bucket
+-- read inside a caller's own transaction must still see time pass).
+SELECT clock_timestamp() AS now

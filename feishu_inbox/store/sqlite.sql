@@ -141,3 +141,8 @@ WHERE head_state IN {claimable} AND head_due_at <= now()
   AND EXISTS (SELECT 1 FROM {prefixes} q
               WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix)
 ORDER BY head_priority DESC, head_id LIMIT %(limit)s
+
+-- clock --
+-- Differs from PostgreSQL (clock_timestamp(), not the transaction's start): the host's
+-- clock, as now() is here.
+SELECT now() AS now

@@ -4,7 +4,7 @@ the local fake of Feishu (tests/support/fake_feishu.py), in the ledger of the te
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import lark_oapi
 import pytest
@@ -13,13 +13,13 @@ import feishu_inbox
 from feishu_inbox import ledger
 from feishu_inbox.errors import (
     ConfigurationError,
+    Deferred,
     FeishuBusinessError,
     FeishuTransientError,
     InvalidMessage,
     LedgerError,
 )
-from feishu_inbox.ledger.retry import RetryAt
-from feishu_inbox.models import EventJob
+from feishu_inbox.models import EventJob, RateBucket
 from tests.runtime.test_steps import InHandler
 from tests.support.factories import EventJobFactory
 from tests.support.fake_feishu import (
@@ -82,19 +82,26 @@ def test_a_reply_goes_out_once_with_the_effects_key_as_its_uuid(fake_feishu: Fak
     assert message.uuid is not None and message.uuid.startswith(f"fi-{job.pk}-0-")
 
 
-def test_a_rate_limit_retries_at_its_reset_time_and_a_5xx_after_the_backoff(
+def test_a_rate_limit_waits_for_its_reset_without_an_attempt_and_a_5xx_retries(
     fake_feishu: FakeFeishu,
 ) -> None:
     job = message_job(fake_feishu)
     fake_feishu.fail_next(RATE_LIMIT, SERVER_ERROR)
     first = claim_one()
-    before = datetime.now(timezone.utc)
-    with InHandler(first), pytest.raises(RetryAt) as limited:
+    with InHandler(first), pytest.raises(Deferred) as limited:
         feishu_inbox.reply(event_of(first), "hello")
-    assert isinstance(limited.value.when, datetime)
-    assert timedelta(seconds=1) < limited.value.when - before < timedelta(seconds=3)  # reset: 2 s
-    assert "feishu_rate_limited" in str(limited.value)
-    assert ledger.fail(first.lease, error_type="RetryAt", retry_in=2) == "retry_wait"
+    assert 1 < limited.value.seconds <= 2  # Feishu's reset: 2 s
+    assert "feishu_rate_limited" in limited.value.reason
+    row = EventJob.objects.get(pk=job.pk)
+    assert (row.effects_in_flight, row.effect_uncertain) == (0, False)  # nothing was sent
+    (chat,) = RateBucket.objects.filter(key__contains=":chat:")
+    assert chat.blocked_until is not None  # nobody takes from the chat before the reset
+    assert not RateBucket.objects.get(key="feishu:bot").blocked_until
+    state = ledger.hand_back(
+        first.lease, delay=limited.value.seconds, error_type="RateLimited", message="wait"
+    )
+    assert state == "queued" and EventJob.objects.get(pk=job.pk).attempt == 0
+    RateBucket.objects.update(blocked_until=None)  # the reset came
     make_due(job.pk)
     second = claim_one()
     with InHandler(second), pytest.raises(FeishuTransientError):

@@ -116,6 +116,7 @@ class FakeFeishu:
         *,
         token_expire: int = 7200,
         uuid_window: float = 3600.0,
+        limits: dict[str, int] | None = None,
     ) -> None:
         #: app_id -> app_secret
         self.apps = dict(apps or {"cli_fake": "fake-secret"})
@@ -134,6 +135,11 @@ class FakeFeishu:
         self._first_tries: set[tuple[str, str]] = set()  # (app_id, uuid) already requested
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        #: Feishu's message limits, enforced when given: requests per second for each chat
+        #: ("chat": 5, shared by every bot in it) and each app ("app": 50). Over one: 429,
+        #: code 99991400, x-ogw-ratelimit-reset (seconds); nothing is created.
+        self.limits = dict(limits or {})
+        self._windows: dict[str, list[float]] = {}  # "chat:<id>" / "app:<id>" -> admitted at
 
     # --- running -----------------------------------------------------------------------------
 
@@ -262,6 +268,31 @@ class FakeFeishu:
                 return found[0]
         return None
 
+    def admit(self, app_id: str, kind: str, fields: dict[str, Any]) -> float | None:
+        """None when the request is within the limits (and counts against them), else the
+        seconds until it would be (a sliding window of one second)."""
+        if not self.limits:
+            return None
+        with self._lock:
+            chat = self._chats.get(fields.get("parent_id") or "")
+            if kind == "send" and fields.get("receive_id_type") == "chat_id":
+                chat = fields.get("receive_id")
+            keys = [(f"app:{app_id}", self.limits.get("app"))]
+            if chat:
+                keys.append((f"chat:{chat}", self.limits.get("chat")))
+            now = time.monotonic()
+            wait = 0.0
+            for key, limit in keys:
+                window = [t for t in self._windows.get(key, []) if now - t < 1.0]
+                self._windows[key] = window
+                if limit is not None and len(window) >= limit:
+                    wait = max(wait, 1.0 - (now - window[-limit]))
+            if wait > 0:
+                return wait
+            for key, _ in keys:
+                self._windows[key].append(now)
+            return None
+
     def record(self, request: Request) -> None:
         with self._lock:
             self.requests.append(request)
@@ -388,15 +419,20 @@ class _Handler(BaseHTTPRequestHandler):
                 400, {"code": code, "msg": "field validation failed: " + "; ".join(problems)}
             )
             return
+        assert isinstance(body, dict)
+        fields = {**body, "receive_id_type": receive_id_type}
+        if reply:
+            fields["parent_id"] = reply.group(1)
+        reset = fake.admit(app_id, kind, fields)
+        if reset is not None:
+            fake.record(Request(url.path, app_id, uuid, "rate_limited"))
+            self.fault(Fault("rate_limit", reset_seconds=round(reset, 3)), applied=False)
+            return
         fault = fake.next_fault("message", app_id, uuid)
         if fault and fault.kind in ("rate_limit", "server_error", "garbled", "business_error"):
             fake.record(Request(url.path, app_id, uuid, fault.kind))
             self.fault(fault, applied=False)
             return
-        assert isinstance(body, dict)
-        fields = {**body, "receive_id_type": receive_id_type}
-        if reply:
-            fields["parent_id"] = reply.group(1)
         message, created = fake.apply(app_id, kind, fields)
         outcome = fault.kind if fault else ("created" if created else "duplicate")
         fake.record(Request(url.path, app_id, uuid, outcome, message.message_id))

@@ -149,3 +149,9 @@ def reply(event: Event) -> None:
 
 #: The same steps under a timeout of 1.5 s (the timeout tests).
 feishu_inbox.handler("test.timed", timeout=timedelta(seconds=1.5))(steps)
+
+
+#: The same steps, each attempt taking a token of a limit of 4 a second for the whole app.
+feishu_inbox.handler("test.limited", rate_limit=feishu_inbox.RateLimit("t:{app}", 4, burst=1))(
+    steps
+)

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
-from feishu_inbox.ledger import connections
+from feishu_inbox.ledger import buckets, connections
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.retention import purge
@@ -146,8 +146,12 @@ class Command(BaseCommand):
 
     def do_stats(self, options: dict[str, Any]) -> None:
         stats = read_stats()
+        limits = [b.as_dict() for b in buckets.states()]
+        waiting = buckets.waiting_jobs()
         if options["json"]:
-            self._print_json(stats.as_dict())
+            self._print_json(
+                {**stats.as_dict(), "rate_limits": limits, "waiting_for_limits": waiting}
+            )
             return
         for state, n in stats.counts.items():
             self.stdout.write(f"{state:<11} {n}")
@@ -159,6 +163,13 @@ class Command(BaseCommand):
         )
         self.stdout.write("oldest claimable due: " + ("-" if age is None else f"{age:.1f}s"))
         self.stdout.write(f"blocked partitions: {stats.blocked_partitions}")
+        self.stdout.write(f"waiting for a rate limit: {waiting}")
+        for b in limits:
+            blocked = f", blocked until {b['blocked_until']}" if b["blocked_until"] else ""
+            self.stdout.write(
+                f"  {b['key']}: {b['tokens']} of {b['burst']:g} tokens at {b['per_second']:g}/s"
+                f"{blocked}; taken {b['taken']}, waited {b['refused']}"
+            )
 
     def do_list(self, options: dict[str, Any]) -> None:
         jobs = EventJob.objects.order_by("-id")

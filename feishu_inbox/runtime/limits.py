@@ -1,0 +1,64 @@
+"""Rate limits from inside a handler: take a token before an effect, or wait for one.
+
+``acquire(limits)`` takes one token of each limit's bucket for this job (its key filled from
+the job: ``{app}``, ``{chat_id}``, ``{open_id}``, ``{tenant_key}``, ``{event_type}``, and
+from the caller's values). When one is empty, a wait of up to ``INLINE_WAIT`` is spent here
+(renewing the lease as any handler does); a longer one raises ``Deferred``: the worker hands
+the job back, due when the bucket refills, without spending an attempt. A job that already
+started an effect waits here whatever the wait, since it cannot be handed back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import Deferred
+from ..ledger.limits import Bucket, RateLimit
+from .context import Event, JobContext, current
+from .writes import write
+
+#: The longest wait for a token spent inside the handler; a longer one hands the job back.
+INLINE_WAIT = 1.0
+
+
+def job_values(event: Event) -> dict[str, Any]:
+    """What a limit's key may name, taken from the job."""
+    body = event.payload if isinstance(event.payload, dict) else {}
+    inner = body.get("event") if isinstance(body.get("event"), dict) else {}
+    message = inner.get("message") if isinstance(inner.get("message"), dict) else {}  # type: ignore[union-attr]
+    sender = (inner.get("sender") or {}).get("sender_id") or {}  # type: ignore[union-attr]
+    header = body.get("header") if isinstance(body.get("header"), dict) else {}
+    return {
+        "app": event.app,
+        "event_type": event.event_type,
+        "partition": event.partition_key,
+        "chat_id": message.get("chat_id") or inner.get("chat_id"),  # type: ignore[union-attr]
+        "open_id": sender.get("open_id") if isinstance(sender, dict) else None,
+        "tenant_key": (header or {}).get("tenant_key"),
+    }
+
+
+def acquire(limits: Sequence[RateLimit], **values: Any) -> None:
+    """Take a token of each of ``limits`` for the current job (see the module)."""
+    if not limits:
+        return
+    ctx = current()
+    known = {**job_values(ctx.event), **values}
+    wanted = [limit.bucket(known) for limit in limits]
+    take(ctx, wanted)
+
+
+def take(ctx: JobContext, wanted: Sequence[Bucket]) -> None:
+    from ..ledger import buckets  # models: not at import time (handlers are declared then)
+
+    while True:
+        ctx.ensure_alive()
+        ctx.ensure_in_time()
+        wait = write(ctx, "take a rate-limit token for", lambda _: buckets.take(wanted))
+        if wait <= 0:
+            return
+        names = ", ".join(b.key for b in wanted)
+        if wait > INLINE_WAIT and not ctx.effects_started:
+            raise Deferred(wait, f"Waiting {wait:.2f}s for a token of {names}.")
+        ctx.lost.wait(min(wait, INLINE_WAIT))  # a lost lease ends the wait at once

@@ -1,0 +1,176 @@
+"""Rate limits kept by the ledger (SPEC §9c): token buckets shared by every worker, Feishu's
+message limits taken by ``reply``/``send`` by default, a 429 that comes all the same.
+
+The real-process test runs 2 workers x 4 slots against the fake Open API made to enforce
+Feishu's documented limits (5 per second per chat, 50 per second per app)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+import feishu_inbox
+from feishu_inbox import ledger
+from feishu_inbox.errors import ConfigurationError, Deferred
+from feishu_inbox.ledger import buckets
+from feishu_inbox.ledger.limits import RateLimit
+from feishu_inbox.models import EventJob, RateBucket
+from tests.runtime.test_steps import InHandler, claim_one
+from tests.support.fake_feishu import FakeFeishu
+from tests.support.processes import wait_for
+from tests.support.worker_helpers import Workers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def limited() -> Iterator[FakeFeishu]:
+    with FakeFeishu(apps={"cli_limits": "s3cret"}, limits={"chat": 5, "app": 50}) as fake:
+        yield fake
+
+
+def env(fake: FakeFeishu, **more: str) -> dict[str, str]:
+    return {
+        "FEISHU_APP_ID": "cli_limits",
+        "FEISHU_APP_SECRET": "s3cret",
+        "FEISHU_DOMAIN": fake.url,
+        "FEISHU_INBOX_MAX_ATTEMPTS": "3",
+        "FEISHU_INBOX_BACKOFF_BASE": "0.1",
+        "FEISHU_INBOX_POLL_INTERVAL": "0.1",
+        **more,
+    }
+
+
+def enqueue_replies(fake: FakeFeishu, count: int, chats: int) -> None:
+    for n in range(count):
+        chat = f"oc_limits_{n % chats}"
+        fake.add_inbound(f"om_in_{n}", chat)
+        ledger.enqueue(
+            event_id=f"r{n}",
+            event_type="test.reply",
+            partition_key=chat,
+            payload={
+                "event": {"message": {"message_id": f"om_in_{n}", "chat_id": chat}},
+                "text": f"reply to r{n}",
+            },
+        )
+
+
+def test_180_replies_over_12_chats_keep_feishus_limits_together(
+    workers: Workers, limited: FakeFeishu
+) -> None:
+    enqueue_replies(limited, 180, 12)
+    for _ in range(2):
+        workers.start("--concurrency", "4", **env(limited))
+    wait_for(lambda: len(limited.messages) == 180, 60, "180 replies")
+    wait_for(lambda: EventJob.objects.completed().count() == 180, 30, "180 completed jobs")
+    counts = limited.counts()
+    created = [m.created for m in limited.messages]
+    took = max(created) - min(created)
+    # every reply once, in its own chat's order
+    assert Counter(m.uuid for m in limited.messages).most_common(1)[0][1] == 1
+    assert counts.get("duplicate", 0) == 0
+    refused = counts.get("rate_limited", 0)
+    assert refused <= 0.05 * counts["message_requests"], counts
+    print(f"180 replies in {took:.2f}s, {refused} of {counts['message_requests']} refused")
+    # within a few seconds of the limit's own bound: 180 at 50/s after a burst of 50
+    assert took < 180 / 50 + 3, took
+    # waiting spent no attempt: each job completed in its first (or given back) attempt
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
+    # every request took a token of the app's bucket (a re-send after a 429 too)
+    assert RateBucket.objects.get(key="feishu:default").taken == counts["message_requests"]
+
+
+def test_a_429_from_someone_else_blocks_the_chat_and_the_job_waits(
+    workers: Workers, limited: FakeFeishu
+) -> None:
+    limited.limits = {"chat": 2, "app": 50}  # another bot in the chats sends too
+    enqueue_replies(limited, 24, 2)
+    workers.start("--concurrency", "4", **env(limited))
+    wait_for(lambda: EventJob.objects.completed().count() == 24, 60, "24 completed jobs")
+    assert len(limited.messages) == 24
+    assert limited.counts().get("rate_limited", 0) > 0  # Feishu refused some: we did not know
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
+    assert not EventJob.objects.exclude(status="completed").exists()
+
+
+# --- the buckets ------------------------------------------------------------------------
+
+
+def test_a_token_of_every_bucket_or_of_none() -> None:
+    chat = RateLimit("t:{app}:chat:{chat_id}", 2).bucket({"app": "a", "chat_id": "c"})
+    app = RateLimit("t:{app}", 3, burst=3).bucket({"app": "a"})
+    assert [buckets.take([chat, app]) for _ in range(2)] == [0.0, 0.0]
+    wait = buckets.take([chat, app])  # the chat's is empty: neither is taken
+    assert 0.3 < wait <= 0.5
+    assert RateBucket.objects.get(key="t:a").taken == 2
+    assert buckets.take([app]) == 0.0  # the app's third token was left
+    assert buckets.take([app]) > 0
+    buckets.block([app], 30)
+    assert 29 < buckets.take([app]) <= 30
+    states = {s.key: s for s in buckets.states()}
+    assert states["t:a"].blocked_until is not None and states["t:a:chat:c"].refused == 1
+    out = StringIO()
+    call_command("inbox", "stats", "--json", stdout=out)
+    shown = {b["key"]: b for b in json.loads(out.getvalue())["rate_limits"]}
+    assert shown["t:a"]["taken"] == 3 and shown["t:a"]["blocked_until"]
+    out = StringIO()
+    call_command("inbox", "stats", stdout=out)
+    assert "t:a: 0.0 of 3 tokens at 3/s, blocked until" in out.getvalue()
+
+
+def test_a_bucket_refills_at_its_rate() -> None:
+    fast = RateLimit("t:fast", 20, burst=1).bucket({})
+    assert buckets.take([fast]) == 0.0
+    started = time.monotonic()
+    wait_for(lambda: buckets.take([fast]) == 0.0, 5, "a token")
+    assert time.monotonic() - started < 1.0
+
+
+def test_bad_limits_say_what_is_wrong() -> None:
+    with pytest.raises(ConfigurationError, match="the rate must be a positive number"):
+        RateLimit("x", 0)
+    with pytest.raises(ConfigurationError, match="per must be a positive duration"):
+        RateLimit("x", 1, per=timedelta(0))
+    with pytest.raises(ConfigurationError, match="needs chat_id, which this job does not"):
+        RateLimit("x:{chat_id}", 1).bucket({"app": "a"})
+
+
+def test_a_handlers_own_limit_spaces_its_jobs_across_workers(workers: Workers) -> None:
+    for n in range(8):
+        ledger.enqueue(
+            event_id=f"l{n}", event_type="test.limited", partition_key=f"c{n}", payload={}
+        )
+    for _ in range(2):
+        workers.start("--concurrency", "4", FEISHU_INBOX_POLL_INTERVAL="0.1")
+    wait_for(lambda: EventJob.objects.completed().count() == 8, 30, "8 completed jobs")
+    starts = sorted(int(line[3]) for line in workers.lines("start"))
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(starts)]
+    assert len(starts) == 8 and min(gaps) > 0.2, gaps  # 4 a second, whichever worker
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
+
+
+def test_an_effects_own_limit_defers_before_the_effect_starts() -> None:
+    limit = RateLimit("t:effect:{app}", 1, per=60)
+    for n in range(2):
+        ledger.enqueue(event_id=f"e{n}", event_type="t", partition_key=f"p{n}", payload={})
+    first, second = claim_one(), claim_one()
+    with InHandler(first), feishu_inbox.effect("crm", rate_limit=limit):
+        pass
+    with (
+        InHandler(second),
+        pytest.raises(Deferred) as wait,
+        feishu_inbox.effect("crm", rate_limit=limit),
+    ):
+        raise AssertionError("the effect must not start")
+    assert 50 < wait.value.seconds <= 60
+    row = EventJob.objects.get(event_id="e1")
+    assert not row.side_effect_started and row.effects_in_flight == 0
