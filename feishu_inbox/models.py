@@ -422,3 +422,32 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"rate limit {self.key} ({self.rate:g}/s, burst {self.burst:g})"
+
+
+class ConcurrencySlot(models.Model):
+    """A running job holding one of a concurrency key's N slots (``ledger/concurrency.py``).
+    It counts while its job is running under the same lease token and its lease lasts, so a
+    slot of a crashed worker frees itself when the lease ends."""
+
+    key = models.CharField(max_length=255)
+    job_id = models.BigIntegerField()
+    lease_token = models.CharField(max_length=64)
+    acquired_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["key", "job_id"], name="one_slot_per_job_and_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: job #{self.job_id}"
+
+
+class ConcurrencyKey(models.Model):
+    """One row per concurrency key: what acquirers of the key lock, one at a time."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    limit = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.key} (at most {self.limit} running)"

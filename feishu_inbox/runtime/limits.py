@@ -10,7 +10,9 @@ started an effect waits here whatever the wait, since it cannot be handed back.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ..errors import Deferred
@@ -47,6 +49,40 @@ def acquire(limits: Sequence[RateLimit], **values: Any) -> None:
     known = {**job_values(ctx.event), **values}
     wanted = [limit.bucket(known) for limit in limits]
     take(ctx, wanted)
+
+
+#: How long a job that found every slot of its concurrency key held waits before it tries
+#: again (drawn between half of it and all of it, so waiters do not come back together).
+SLOT_WAIT = 0.5
+
+
+def take_slots(ctx: JobContext, specs: Sequence[tuple[str, int]]) -> list[str]:
+    """Take a slot of each ``(key template, N)`` for the current job, or none of them:
+    ``Deferred`` when one key has all its N slots held. Returns the keys taken."""
+    from ..ledger import concurrency  # models: not at import time
+
+    taken: list[str] = []
+    values = job_values(ctx.event)
+    for template, limit in specs:
+        key = RateLimit(template, 1).bucket(values).key  # the same template rules
+        ok = write(ctx, "take a slot for", partial(_take_slot, concurrency.take, key, limit, ctx))
+        if not ok:
+            give_back_slots(ctx, taken)
+            wait = random.uniform(SLOT_WAIT / 2, SLOT_WAIT)
+            raise Deferred(wait, f"All {limit} slots of {key} are held by running jobs.")
+        taken.append(key)
+    return taken
+
+
+def _take_slot(take_fn: Any, key: str, limit: int, ctx: JobContext, retrying: bool) -> bool:
+    return bool(take_fn(key, limit, ctx.lease))
+
+
+def give_back_slots(ctx: JobContext, keys: list[str]) -> None:
+    from ..ledger import concurrency
+
+    if keys:
+        write(ctx, "give back the slots of", lambda _: concurrency.give_back(keys, ctx.lease))
 
 
 def take(ctx: JobContext, wanted: Sequence[Bucket]) -> None:

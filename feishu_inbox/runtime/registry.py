@@ -28,6 +28,7 @@ _registry: dict[str, list[Handler]] = {}
 _problems: list[str] = []
 _timeouts: dict[str, float] = {}
 _rate_limits: dict[str, list[RateLimit]] = {}
+_concurrency: dict[str, list[tuple[str, int]]] = {}
 
 
 def handler(
@@ -36,12 +37,15 @@ def handler(
     retry: RetryPolicy | None = None,
     timeout: timedelta | float | None = None,
     rate_limit: RateLimit | Sequence[RateLimit] = (),
+    concurrency: tuple[str, int] | Sequence[tuple[str, int]] = (),
 ) -> Callable[[Handler], Handler]:
     """Register a sync or ``async def`` function for one event type, with its retry policy
     (default: the site's, from settings) and its ``timeout`` (a ``timedelta`` or seconds;
     default: none): an attempt still running then is stopped and retried by its policy;
     its ``rate_limit`` (one ``RateLimit`` or several): a token of each is taken before each
-    attempt starts, and a job that finds none waits (``runtime/limits.py``).
+    attempt starts, and a job that finds none waits (``runtime/limits.py``); its
+    ``concurrency`` (``("tenant:{tenant_key}", 2)``, or several): at most N of its jobs with
+    the same key run at once, across all workers.
     Every problem with the arguments is collected and reported at once, by ``manage.py
     check`` (E003) and when a worker starts."""
     found = []
@@ -59,6 +63,12 @@ def handler(
         f"the rate limit of {event_type!r} is not a RateLimit: {limit!r}"
         for limit in limits
         if not isinstance(limit, RateLimit)
+    )
+    slots: list[Any] = [concurrency] if _is_slot(concurrency) else list(concurrency)
+    found.extend(
+        f"the concurrency of {event_type!r} must be (a key template, a number >= 1), got {spec!r}"
+        for spec in slots
+        if not _is_slot(spec)
     )
     if not isinstance(event_type, str) or not event_type or len(event_type) > 128:
         found.append(
@@ -82,9 +92,28 @@ def handler(
             _timeouts[event_type] = float(seconds)
         if limits:
             _rate_limits[event_type] = limits
+        if slots and all(_is_slot(s) for s in slots):
+            _concurrency[event_type] = [(str(s[0]), int(s[1])) for s in slots]
         return fn
 
     return register
+
+
+def _is_slot(spec: object) -> bool:
+    return (
+        isinstance(spec, tuple)
+        and len(spec) == 2
+        and isinstance(spec[0], str)
+        and 0 < len(spec[0]) <= 200
+        and isinstance(spec[1], int)
+        and not isinstance(spec[1], bool)
+        and spec[1] >= 1
+    )
+
+
+def concurrency_for(event_type: str) -> list[tuple[str, int]]:
+    """The (key template, N) pairs a job of this event type takes a slot of before it runs."""
+    return _concurrency.get(event_type, [])
 
 
 def rate_limits_for(event_type: str) -> list[RateLimit]:

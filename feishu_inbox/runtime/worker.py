@@ -559,7 +559,10 @@ class Worker:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
         token = context.enter(ctx)
+        slots: list[str] = []
         try:
+            rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
+            slots = rate_limits.take_slots(ctx, registry.concurrency_for(ctx.event.event_type))
             if handlers.is_async(fn):
 
                 async def call() -> Any:
@@ -572,7 +575,6 @@ class Worker:
 
                 self._async.run(call)
             else:
-                rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
                 fn(ctx.event)
         except Deferred as wait:
             return self._defer(ctx, wait), None
@@ -594,6 +596,11 @@ class Worker:
             return self._fail(ctx, error), None
         finally:
             context.leave(token)
+            if slots and not ctx.lost.is_set():
+                try:
+                    rate_limits.give_back_slots(ctx, slots)
+                except (LeaseLost, DatabaseError) as exc:  # they stop counting with the lease
+                    log.warning("job %s: slots not given back (%s)", ctx.event.job_id, exc)
         return self._finish(ctx)
 
     # --- heartbeat: renewals and supersede checks ------------------------------------------

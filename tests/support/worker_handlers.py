@@ -155,3 +155,7 @@ feishu_inbox.handler("test.timed", timeout=timedelta(seconds=1.5))(steps)
 feishu_inbox.handler("test.limited", rate_limit=feishu_inbox.RateLimit("t:{app}", 4, burst=1))(
     steps
 )
+
+
+#: The same steps, at most 2 jobs of one tenant running at once, across workers.
+feishu_inbox.handler("test.concurrent", concurrency=("tenant:{tenant_key}", 2))(steps)
