@@ -50,6 +50,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Check the id (`python manage.py inbox list`); completed jobs are purged after "
         "COMPLETED_RETENTION.",
     ),
+    "pause_not_found": (
+        "Nothing of this kind and name is paused.",
+        "`python manage.py inbox pauses` lists what is paused (and since when, by whom).",
+    ),
+    "paused": (
+        "An operator paused this job's chat, app, event type or queue: it waits, held, and "
+        "spent no attempt; the chat's later jobs wait behind it.",
+        "Resume it (`inbox resume ...`, or the admin's Pauses page) when the cause is fixed.",
+    ),
     "schedule_not_found": (
         "No schedule of this name is declared.",
         "Check the name: `python manage.py inbox schedules` lists the declared schedules.",
@@ -243,6 +252,10 @@ class LedgerError(InboxError):
     subclass says otherwise."""
 
     code = "invalid_argument"
+
+
+class PauseNotFound(LedgerError):
+    code = "pause_not_found"
 
 
 class JobNotFound(LedgerError):

@@ -451,3 +451,29 @@ class ConcurrencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} (at most {self.limit} running)"
+
+
+class PauseKind(models.TextChoices):
+    PARTITION = "partition", "partition (a chat)"
+    APP = "app", "Feishu app"
+    EVENT_TYPE = "event_type", "event type"
+    QUEUE = "queue", "django.tasks queue"
+
+
+class Pause(models.Model):
+    """An operator's pause (``ledger/pauses.py``): jobs it matches are not claimed until it is
+    resumed; running ones finish; later jobs of a held partition wait behind its head."""
+
+    kind = models.CharField(max_length=16, choices=PauseKind.choices)
+    value = models.CharField(max_length=255)
+    since = models.DateTimeField()
+    by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-since"]
+        constraints = [models.UniqueConstraint(fields=["kind", "value"], name="one_pause_each")]
+        permissions = [("pause_work", "Can pause work"), ("resume_work", "Can resume work")]
+
+    def __str__(self) -> str:
+        return f"paused {self.get_kind_display()} {self.value}"

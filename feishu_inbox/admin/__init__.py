@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import EventJob, Schedule
+from ..models import EventJob, Pause, Schedule
 from .jobs import EventJobAdmin
+from .pauses import PauseAdmin
 from .schedules import ScheduleAdmin
 
 admin.site.register(EventJob, EventJobAdmin)
 admin.site.register(Schedule, ScheduleAdmin)
+admin.site.register(Pause, PauseAdmin)
 
-__all__ = ["EventJobAdmin", "ScheduleAdmin"]
+__all__ = ["EventJobAdmin", "PauseAdmin", "ScheduleAdmin"]

@@ -33,6 +33,7 @@ from .actions import ACTIONS, as_admin_action, page_context
 from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
 from .dashboard import dashboard_data
 from .filters import AppFilter, BlocksPartitionFilter, EventTypeFilter, KindFilter, QueueFilter
+from .pauses import pause_chats
 
 
 class AttemptInline(ReadOnly, admin.TabularInline):
@@ -105,7 +106,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice over the whole ledger
     paginator = CappedCountPaginator
-    actions = [as_admin_action(name) for name in ACTIONS]
+    actions = [*(as_admin_action(name) for name in ACTIONS), pause_chats]
     inlines = [AttemptInline, StepInline]
     fieldsets = [
         (
@@ -173,6 +174,9 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.replay_eventjob")
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.pause_work")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EventJob]:
         return super().get_queryset(request).defer("payload")

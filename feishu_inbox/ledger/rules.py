@@ -41,6 +41,7 @@ from ..errors import (
 from ..models import EventJob, Status
 from ..store import Row, store
 from ..store.base import aware
+from . import pauses
 from .idempotency import Idempotent, window_params, window_passed
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
@@ -172,7 +173,10 @@ def enqueue(
             "max_attempts": max_attempts,
         }
     )
-    return EnqueueResult(job_id=stored["job_id"], created=bool(stored["created"]))
+    result = EnqueueResult(job_id=stored["job_id"], created=bool(stored["created"]))
+    if result.created:  # an operator's pause holds it from the start
+        pauses.hold_new(result.job_id, app=app, event_type=event_type, partition_key=partition_key)
+    return result
 
 
 # --- claim and lease expiry ----------------------------------------------------------------

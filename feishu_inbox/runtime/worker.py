@@ -43,7 +43,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import checked_settings
 from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, TimedOut
-from ..ledger import limits, retention
+from ..ledger import limits, pauses, retention
 from ..ledger import rules as ledger
 from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now, seconds_until_wakeup
@@ -532,7 +532,9 @@ class Worker:
             ),
         )
 
-    def _defer(self, ctx: context.JobContext, wait: Deferred) -> str:
+    def _defer(
+        self, ctx: context.JobContext, wait: Deferred, error_type: str = limits.WAITING
+    ) -> str:
         """Hand the job back, due in ``wait.seconds``, without spending an attempt; a job
         that cannot go back (an effect of it is open) is retried then instead."""
         ctx.ensure_alive()
@@ -545,7 +547,7 @@ class Worker:
                     ctx.lease,
                     retrying=retrying,
                     delay=wait.seconds,
-                    error_type=limits.WAITING,
+                    error_type=error_type,
                     message=wait.reason,
                 ),
             )
@@ -558,6 +560,17 @@ class Worker:
         if fn is None:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
+        held = pauses.holding(
+            app=ctx.event.app,
+            event_type=ctx.event.event_type,
+            partition_key=ctx.event.partition_key,
+        )
+        if held is not None:  # paused after this worker last looked: back, held, no attempt
+            wait = Deferred(
+                pauses.seconds_until_held(),
+                f"Paused ({held.kind} {held.value}) by {held.by or 'an operator'}.",
+            )
+            return self._defer(ctx, wait, error_type=pauses.PAUSED), None
         token = context.enter(ctx)
         slots: list[str] = []
         try:

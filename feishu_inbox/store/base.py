@@ -228,6 +228,22 @@ class SqlStore:
             self.notify(fence.partition_key)
         return str(found["status"])
 
+    def hold_jobs(self, job_ids: list[int], until: datetime) -> int:
+        """Make these queued or waiting jobs due at ``until`` (an operator's pause, far away;
+        its resume, now), their partitions' heads following; how many moved."""
+        if not job_ids:
+            return 0
+        with self.transaction():
+            keys = [
+                r["partition_key"] for r in self.rows("partitions_of_jobs", {"job_ids": job_ids})
+            ]
+            self.lock_partitions(keys)
+            moved = self.rows("hold_jobs", {"job_ids": job_ids, "until": until})
+            self.resync_heads(keys)
+            for key in keys:
+                self.notify(key)
+        return len(moved)
+
     def lease_state(self, job_id: int) -> Row | None:
         return self.row("lease_state", {"job_id": job_id})
 

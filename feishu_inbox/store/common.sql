@@ -393,3 +393,14 @@ SELECT MIN(t) AS wakeup FROM (
     UNION ALL
     SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
 ) AS w
+
+-- partitions_of_jobs --
+-- The partitions of these jobs (an operator's pause locks them before the jobs).
+SELECT DISTINCT partition_key FROM {job} WHERE id IN {job_ids}
+
+-- hold_jobs --
+-- An operator paused them: due at %(until)s (far away, or now on resume). Queued and waiting
+-- jobs only: a running one finishes, and its partition's next head is held then.
+UPDATE {job} SET available_at = %(until)s
+WHERE id IN {job_ids} AND status IN {claimable}
+RETURNING id

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
-from feishu_inbox.ledger import buckets, connections
+from feishu_inbox.ledger import buckets, connections, pauses
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.retention import purge
@@ -131,6 +131,22 @@ class Command(BaseCommand):
             "connections", help="The long connections of feishu_connect processes, live or lost."
         )
         conns.add_argument("--json", action="store_true")
+        for verb, what in (
+            ("pause", "Hold the work of a chat, an app, an event type or a task queue."),
+            ("resume", "End a pause: what it held is due now, in its order."),
+        ):
+            act = sub.add_parser(verb, help=what)
+            target = act.add_mutually_exclusive_group(required=True)
+            target.add_argument("--partition", metavar="KEY", help="a partition (a chat)")
+            target.add_argument("--app", help="a Feishu app of FEISHU_INBOX['APPS']")
+            target.add_argument("--event-type", metavar="TYPE")
+            target.add_argument("--queue", help="a django.tasks queue")
+            act.add_argument("--user", help="Django username to record this under; must exist.")
+            act.add_argument("--json", action="store_true")
+            if verb == "pause":
+                act.add_argument("--reason", default="", help="why (shown on the dashboard)")
+        listed = sub.add_parser("pauses", help="What is paused, since when, by whom.")
+        listed.add_argument("--json", action="store_true")
         self._add_schedule_arguments(sub)
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
 
@@ -232,6 +248,54 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{r['app']:<16} {r['process']:<28} {r['state']:<10} since {r['since']} "
                 f"last pong {r['last_pong_at'] or '-'} events {r['events']} {r['error']}"
+            )
+
+    def do_pause(self, options: dict[str, Any]) -> None:
+        self._pause_or_resume(options, pause=True)
+
+    def do_resume(self, options: dict[str, Any]) -> None:
+        self._pause_or_resume(options, pause=False)
+
+    def _pause_or_resume(self, options: dict[str, Any], *, pause: bool) -> None:
+        kind, value = next(
+            (k, options[k]) for k in ("partition", "app", "event_type", "queue") if options[k]
+        )
+        user = self._operator(options)
+        by = getattr(user, "username", "") or f"{getpass.getuser()} (manage.py inbox)"
+        if pause:
+            outcome = pauses.pause(kind, value, by=by, reason=options.get("reason") or "")
+        else:
+            outcome = pauses.resume(kind, value, by=by)
+        label = f"{'Paused' if pause else 'Resumed'} {kind} {value}"
+        log.info("%s by %s: %s jobs %s", label, by, outcome.jobs, "held" if pause else "due now")
+        if user is not None and outcome.changed:
+            from django.contrib.admin.models import ADDITION, DELETION, LogEntry
+
+            LogEntry.objects.log_actions(
+                user.pk,
+                [outcome.pause],
+                ADDITION if pause else DELETION,
+                change_message=f"{label} (manage.py inbox)",
+            )
+        data = {**pauses.as_dict(outcome.pause), "changed": outcome.changed, "jobs": outcome.jobs}
+        if options["json"]:
+            self._print_json(data)
+            return
+        state = "" if outcome.changed else " (it was already)"
+        held = "held" if pause else "due again"
+        self.stdout.write(f"{label}{state}: {outcome.jobs} waiting jobs {held}")
+
+    def do_pauses(self, options: dict[str, Any]) -> None:
+        rows = [pauses.as_dict(p) for p in pauses.listed()]
+        if options["json"]:
+            self._print_json(rows)
+            return
+        if not rows:
+            self.stdout.write("nothing is paused")
+        for r in rows:
+            self.stdout.write(
+                f"{r['kind']:<11} {r['value']:<40} since {r['since']} by {r['by']}"
+                + (f": {r['reason']}" if r["reason"] else "")
             )
 
     def _operator(self, options: dict[str, Any]) -> Any:
