@@ -41,3 +41,17 @@ def reply_raw(event: Event) -> None:
 
     message_id = event.payload["event"]["message"]["message_id"]
     openapi.reply_message(event.app, message_id, "ok", uuid=f"raw-{event.job_id}")
+
+
+@feishu_inbox.handler(
+    "bench.limited", rate_limit=feishu_inbox.RateLimit("bench:{partition}", 1e9, burst=1e9)
+)
+def limited(event: Event) -> None:
+    """A no-op that takes a token of its chat's bucket (never empty): what a token costs."""
+
+
+@feishu_inbox.handler(
+    "bench.limited_app", rate_limit=feishu_inbox.RateLimit("bench:{app}", 1e9, burst=1e9)
+)
+def limited_app(event: Event) -> None:
+    """A no-op that takes a token of one bucket every job shares (one hot row)."""

@@ -1,0 +1,119 @@
+"""What flow control costs, on PostgreSQL, measured in one run.
+
+- no-op runworker throughput (1 x 4 and 2 x 4 slots) of this checkout beside another one
+  (``--base``, e.g. a worktree of the commit before flow control), in alternating rounds: a
+  site that declares no limit should see no difference beyond noise;
+- the cost of a job that takes a rate-limit token: no-op jobs that each take one token of
+  their chat's bucket (spread rows), and of one bucket all share (one hot row).
+
+    git worktree add /tmp/base <commit>
+    .venv/bin/python bench/flow_control.py --base /tmp/base [--jobs 5000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from _setup import ROOT, fresh_postgres, median, reproduce
+
+
+def run_sql(url: str, sql: str, params: list[object]) -> list[tuple[object, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return list(cur) if cur.description else []
+
+
+def prepare(tree: Path, name: str) -> str:
+    url = fresh_postgres(name)
+    env = {**os.environ, "DATABASE_URL": url}
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=tree, env=env, check=True
+    )
+    return url
+
+
+def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type: str) -> float:
+    run_sql(
+        url,
+        "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
+        "feishu_inbox_partition",
+        [],
+    )
+    run_sql(
+        url,
+        "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'n' || g, %s, 'n' || g, "
+        "'chat-' || (g %% 1000), false, '{}'::jsonb, NULL::integer) "
+        "FROM generate_series(1, %s) g) s",
+        [event_type, n],
+    )
+    run_sql(url, "ANALYZE", [])
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "FEISHU_INBOX_HANDLERS": "bench.bench_handlers",
+        "LOG_LEVEL": "WARNING",
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", str(slots)],
+            cwd=tree,
+            env=env,
+        )
+        for _ in range(procs)
+    ]
+    for w in workers:
+        assert w.wait(600) == 0
+    ((done, seconds),) = run_sql(
+        url,
+        "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
+        "FROM feishu_inbox_eventjob WHERE status = 'completed'",
+        [],
+    )
+    assert done == n, (done, n)
+    return float(done) / float(seconds)  # type: ignore[arg-type]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="the other checkout")
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ours = prepare(ROOT, "fi_bench_flow")
+    base = prepare(args.base, "fi_bench_flow_base")
+    rows: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for label, tree, url, procs, slots, kind in (
+            ("noop 1x4", ROOT, ours, 1, 4, "bench.noop"),
+            ("base noop 1x4", args.base, base, 1, 4, "bench.noop"),
+            ("noop 2x4", ROOT, ours, 2, 4, "bench.noop"),
+            ("base noop 2x4", args.base, base, 2, 4, "bench.noop"),
+            ("token of its chat 1x4", ROOT, ours, 1, 4, "bench.limited"),
+            ("token of one shared bucket 1x4", ROOT, ours, 1, 4, "bench.limited_app"),
+        ):
+            rate = throughput(tree, url, procs, slots, args.jobs, kind)
+            rows.setdefault(label, []).append(rate)
+            print(f"round {r + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
+    med = {k: median(v) for k, v in rows.items()}
+    noop = med["noop 1x4"]
+    print(json.dumps({k: [round(x) for x in v] for k, v in rows.items()}, indent=2))
+    for label in ("token of its chat 1x4", "token of one shared bucket 1x4"):
+        extra = (1 / med[label] - 1 / noop) * 4 * 1000  # per job, per slot
+        print(f"{label}: {med[label]:,.0f} jobs/s, ~{extra:.2f} ms more per job per slot")
+    print(
+        f"no limits declared: 1x4 {med['noop 1x4']:,.0f} vs base {med['base noop 1x4']:,.0f} "
+        f"(ratio {med['noop 1x4'] / med['base noop 1x4']:.2f}); 2x4 {med['noop 2x4']:,.0f} vs "
+        f"{med['base noop 2x4']:,.0f} (ratio {med['noop 2x4'] / med['base noop 2x4']:.2f})"
+    )
+    print(f"reproduce: {reproduce()}; this machine's speed swings: compare within one run")
+
+
+if __name__ == "__main__":
+    main()
