@@ -122,8 +122,12 @@ def rate_limits_for(event_type: str) -> list[RateLimit]:
 
 
 def timeout_for(event_type: str) -> float | None:
-    """Seconds an attempt of this event type may run (None: no timeout)."""
-    return _timeouts.get(event_type)
+    """Seconds an attempt of this event type may run (None: no timeout): its handler's, or
+    its kind's (a django.tasks task's ``@timeout``)."""
+    if event_type in _timeouts:
+        return _timeouts[event_type]
+    kind = kind_of(event_type)
+    return kind.timeout(event_type) if kind else None
 
 
 def registered() -> dict[str, Handler]:
@@ -147,6 +151,8 @@ class JobKind:
     run: Handler
     policy: Callable[[str], RetryPolicy | None]
     describe_error: Callable[[BaseException], tuple[str, str]]
+    #: An event type's timeout in seconds (None: none).
+    timeout: Callable[[str], float | None] = lambda event_type: None
 
 
 _kinds: dict[str, JobKind] = {}

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.core import checks
@@ -48,6 +49,7 @@ F = TypeVar("F")
 
 #: Matches task_jobs (kept here too: this module must not import the models at import time).
 _RETRY_ATTRIBUTE = "_feishu_inbox_retry"
+TIMEOUT_ATTRIBUTE = "_feishu_inbox_timeout"  # tasks/jobs.py reads it
 _TASK_PATH_LIMIT = 123
 _PARTITION_LIMIT = 255
 
@@ -114,6 +116,25 @@ def retry(policy: RetryPolicy) -> Callable[[F], F]:
     def mark(fn: F) -> F:
         target = fn.func if isinstance(fn, _fw.Task) else fn  # above @task: its function
         setattr(target, _RETRY_ATTRIBUTE, policy)
+        return fn
+
+    return mark
+
+
+def timeout(limit: timedelta | float) -> Callable[[F], F]:
+    """Declare a task's timeout (a ``timedelta`` or seconds): put ``@timeout(...)`` under
+    ``@task``. An attempt still running then is stopped as a handler's is (README "What a
+    handler does") and retried by the task's ``@retry`` policy."""
+    seconds = limit.total_seconds() if isinstance(limit, timedelta) else limit
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigurationError(
+            f"Invalid task timeout {limit!r}.",
+            fix="Pass a positive timedelta or number of seconds: @timeout(timedelta(minutes=5)).",
+        )
+
+    def mark(fn: F) -> F:
+        target = fn.func if isinstance(fn, _fw.Task) else fn  # above @task: its function
+        setattr(target, TIMEOUT_ATTRIBUTE, float(seconds))
         return fn
 
     return mark

@@ -49,6 +49,7 @@ PREFIX = TASK_PREFIX
 RETURN_STEP = "django.tasks:return_value"
 #: The attribute ``tasks.retry`` sets on a task function.
 RETRY_ATTRIBUTE = "_feishu_inbox_retry"
+TIMEOUT_ATTRIBUTE = "_feishu_inbox_timeout"  # tasks.timeout() sets it
 #: A task without its own retry policy runs once, as the framework's other backends do.
 DEFAULT_POLICY = RetryPolicy(attempts=1)
 #: Column lengths (models.EventJob): event_type 128, partition_key 255.
@@ -144,6 +145,16 @@ def policy(event_type: str) -> RetryPolicy | None:
     return getattr(fw_task.func, RETRY_ATTRIBUTE, None) or DEFAULT_POLICY
 
 
+def timeout(event_type: str) -> float | None:
+    """The task's own ``@timeout``, in seconds (None: none)."""
+    try:
+        fw_task = load_task(event_type[len(PREFIX) :])
+    except Exception:
+        return None
+    value = getattr(fw_task.func, TIMEOUT_ATTRIBUTE, None)
+    return float(value) if isinstance(value, int | float) else None
+
+
 def describe_error(error: BaseException) -> tuple[str, str]:
     """What a failed attempt of a task records: the exception's dotted class path and its
     traceback (the framework's TaskError), the end of it when it is long."""
@@ -154,7 +165,7 @@ def describe_error(error: BaseException) -> tuple[str, str]:
     return f"{cls.__module__}.{cls.__qualname__}"[:128], text
 
 
-registry.register_kind(registry.JobKind(PREFIX, run, policy, describe_error))
+registry.register_kind(registry.JobKind(PREFIX, run, policy, describe_error, timeout))
 
 
 # --- reading a result ---------------------------------------------------------------------------

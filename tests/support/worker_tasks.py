@@ -12,7 +12,7 @@ from typing import Any
 
 import feishu_inbox
 from feishu_inbox.ledger.retry import RetryPolicy
-from feishu_inbox.tasks import retry
+from feishu_inbox.tasks import retry, timeout
 from tests.support.worker_handlers import record, wait_gate
 
 try:
@@ -116,3 +116,10 @@ def gated_effect(name: str) -> str:
 def stamp() -> None:
     """Records when it started (monotonic ns), for the enqueue-to-start latency test."""
     record("stamp", os.getpid(), time.monotonic_ns())
+
+
+@timeout(1.5)
+@task
+def hangs(seconds: float) -> None:
+    """Sleeps past its timeout of 1.5 s without a checkpoint: the worker stops it."""
+    time.sleep(seconds)

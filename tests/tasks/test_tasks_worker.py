@@ -76,6 +76,15 @@ def test_a_task_is_retried_by_its_own_policy(workers: Workers) -> None:
     assert [e.exception_class for e in got.errors] == [RuntimeError, RuntimeError]
 
 
+def test_a_task_past_its_timeout_is_stopped_and_fails(workers: Workers) -> None:
+    result = t.hangs.enqueue(60)
+    workers.start(FEISHU_INBOX_POLL_INTERVAL="0.1")
+    wait_for(lambda: status(result) == Status.FAILED, 20, "the task to be stopped")
+    row = EventJob.objects.get(event_id=result.id)
+    assert row.error_type.endswith("TimedOut") and "timeout of 1.5s" in row.error_message
+    assert (row.finished_at - row.claimed_at).total_seconds() < 1.5 + 1 + 2
+
+
 def test_a_task_killed_mid_run_is_recovered_by_lease_expiry(workers: Workers) -> None:
     result = t.gated.enqueue("g")  # two attempts
     first = workers.start("--lease-seconds", "2")
