@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
-
 from ..models import EventJob, RateBucket, Status
 from ..store import store
 from .limits import WAITING, Bucket
@@ -29,15 +27,15 @@ def take(buckets: Sequence[Bucket]) -> float:
     if not buckets:
         return 0.0
     wanted = {b.key: b for b in buckets}
-    with transaction.atomic():
-        now = store().clock()
-        rows = _locked(wanted, now)
+    with store().transaction():
+        rows = _locked(wanted, store().clock())
+        now = store().clock()  # after the locks: a take that waited for them counts from here
         wait = 0.0
         for row in rows:
             wait = max(wait, _wait(row, wanted[row.key], now))
         for row in rows:
             spec = wanted[row.key]
-            row.tokens, row.updated_at = _level(row, spec, now), now
+            row.tokens, row.updated_at = _level(row, spec, now), max(now, row.updated_at)
             row.rate, row.burst = spec.per_second, spec.capacity
             if wait == 0:
                 row.tokens -= 1
@@ -54,10 +52,10 @@ def block(buckets: Sequence[Bucket], seconds: float) -> None:
     """No token from these buckets for ``seconds`` (by the database's clock); they refill from
     empty after that."""
     wanted = {b.key: b for b in buckets}
-    with transaction.atomic():
+    with store().transaction():
+        rows = _locked(wanted, store().clock())
         now = store().clock()
         until = now + timedelta(seconds=max(seconds, 0.0))
-        rows = _locked(wanted, now)
         for row in rows:
             if row.blocked_until is None or row.blocked_until < until:
                 row.blocked_until = until

@@ -10,7 +10,6 @@ a crashed worker stops counting when its lease ends, without any sweep.
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from ..models import ConcurrencyKey, ConcurrencySlot, EventJob, Status
@@ -20,7 +19,7 @@ from .rules import Lease
 
 def take(key: str, limit: int, lease: Lease) -> bool:
     """Take one of ``key``'s ``limit`` slots for the leased job; False when all are held."""
-    with transaction.atomic():
+    with store().transaction():
         now = store().clock()
         ConcurrencyKey.objects.get_or_create(key=key, defaults={"limit": limit})
         ConcurrencyKey.objects.select_for_update().filter(key=key).update(limit=limit)
@@ -45,7 +44,9 @@ def take(key: str, limit: int, lease: Lease) -> bool:
 
 def give_back(keys: list[str], lease: Lease) -> None:
     """The attempt ended: its slots are free."""
-    ConcurrencySlot.objects.filter(key__in=keys, job_id=lease.job_id).delete()
+    ConcurrencySlot.objects.filter(
+        key__in=keys, job_id=lease.job_id, lease_token=lease.token
+    ).delete()
 
 
 def held(key: str) -> int:

@@ -186,7 +186,21 @@ def hold_new(job_id: int, *, app: str, event_type: str, partition_key: str) -> b
     """A job just stored: held at once when a pause matches it."""
     if holding(app=app, event_type=event_type, partition_key=partition_key) is None:
         return False
-    return store().hold_jobs([job_id], HELD_AT) > 0
+    held = store().hold_jobs([job_id], HELD_AT) > 0
+    release_if_unheld(job_id, app=app, event_type=event_type, partition_key=partition_key)
+    return held
+
+
+def release_if_unheld(job_id: int, *, app: str, event_type: str, partition_key: str) -> bool:
+    """After holding a job: if no pause matches it any more (resumed meanwhile), it is due
+    now. Resume deletes its pause, then releases what it finds held; a holder writes its
+    hold, then looks at the pauses again. Whichever comes second sees the other's write, so
+    no job stays held by a pause that is gone (on SQLite the two cannot even interleave)."""
+    forget_cache()
+    if holding(app=app, event_type=event_type, partition_key=partition_key) is not None:
+        return False
+    store().hold_jobs([job_id], store().now())
+    return True
 
 
 def seconds_until_held() -> float:

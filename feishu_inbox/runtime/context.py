@@ -67,8 +67,10 @@ class JobContext:
     #: once the worker stopped it, so the handler's next checkpoint raises too.
     deadline: float | None = None
     timed_out: threading.Event = field(default_factory=threading.Event)
-    #: The worker ended this attempt at its timeout while its thread still ran the handler.
+    #: The worker ended this attempt at its timeout while its thread still ran the handler;
+    #: the thread has come back from it (both under the worker's lock of the count).
     abandoned: bool = False
+    thread_done: bool = False
 
     def lease_left(self) -> float:
         """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""

@@ -123,7 +123,9 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
 
     ctx.ensure_alive()
     ctx.ensure_in_time()
-    acquire(scope.rate_limits)  # a token of each, before anything starts (or Deferred)
+    if scope.rate_limits:
+        acquire(scope.rate_limits)  # a token of each, before anything starts (or Deferred)
+        ctx.ensure_in_time()  # the wait may have reached the timeout
     idempotent = scope.idempotent
     if idempotent is not None and idempotent.name in ctx.idempotent_names:
         raise DuplicateEffect(

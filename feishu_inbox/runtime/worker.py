@@ -448,8 +448,9 @@ class Worker:
             writes.drop_connection()
             outcome = "database_error"
         finally:
-            if ctx.abandoned:  # the worker timed it out long ago; its thread is back
-                with self._abandoned_lock:
+            with self._abandoned_lock:
+                ctx.thread_done = True
+                if ctx.abandoned:  # the worker timed it out; its thread is back
                     self._abandoned -= 1
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             self._slots.free(ctx, successor=following)
@@ -533,7 +534,12 @@ class Worker:
         )
 
     def _defer(
-        self, ctx: context.JobContext, wait: Deferred, error_type: str = limits.WAITING
+        self,
+        ctx: context.JobContext,
+        wait: Deferred,
+        error_type: str = limits.WAITING,
+        *,
+        or_fail: bool = True,
     ) -> str:
         """Hand the job back, due in ``wait.seconds``, without spending an attempt; a job
         that cannot go back (an effect of it is open) is retried then instead."""
@@ -553,6 +559,8 @@ class Worker:
             )
         except InvalidState:
             ctx.ending = False
+            if not or_fail:
+                raise
             return self._fail(ctx, RetryAfter(wait.seconds, wait.reason))
 
     def _execute(self, ctx: context.JobContext) -> tuple[str, context.JobContext | None]:
@@ -560,22 +568,29 @@ class Worker:
         if fn is None:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
+        event = ctx.event
         held = pauses.holding(
-            app=ctx.event.app,
-            event_type=ctx.event.event_type,
-            partition_key=ctx.event.partition_key,
+            app=event.app, event_type=event.event_type, partition_key=event.partition_key
         )
         if held is not None:  # paused after this worker last looked: back, held, no attempt
             wait = Deferred(
                 pauses.seconds_until_held(),
                 f"Paused ({held.kind} {held.value}) by {held.by or 'an operator'}.",
             )
-            return self._defer(ctx, wait, error_type=pauses.PAUSED), None
+            try:
+                state = self._defer(ctx, wait, error_type=pauses.PAUSED, or_fail=False)
+            except InvalidState:  # it cannot go back (its effects' window): it runs
+                ctx.ending = False
+            else:
+                keys = {"app": event.app, "event_type": event.event_type}
+                pauses.release_if_unheld(event.job_id, **keys, partition_key=event.partition_key)
+                return state, None
         token = context.enter(ctx)
         slots: list[str] = []
         try:
-            rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
+            # a slot first: a job that waits for one must not spend a token each time it looks
             slots = rate_limits.take_slots(ctx, registry.concurrency_for(ctx.event.event_type))
+            rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
             if handlers.is_async(fn):
 
                 async def call() -> Any:
@@ -609,7 +624,7 @@ class Worker:
             return self._fail(ctx, error), None
         finally:
             context.leave(token)
-            if slots and not ctx.lost.is_set():
+            if slots and not ctx.lost.is_set() and not ctx.timed_out.is_set():
                 try:
                     rate_limits.give_back_slots(ctx, slots)
                 except (LeaseLost, DatabaseError) as exc:  # they stop counting with the lease
@@ -698,9 +713,10 @@ class Worker:
             state,
         )
         with self._abandoned_lock:
-            self._abandoned += 1
+            if not ctx.thread_done:  # its thread still runs the handler: it is stuck
+                ctx.abandoned = True
+                self._abandoned += 1
             abandoned = self._abandoned
-        ctx.abandoned = True
         ctx.mark_lost("timed out")
         if abandoned >= max(2, self.options.concurrency) and not self._stop.is_set():
             log.error(

@@ -82,7 +82,8 @@ UPDATE {job} SET
     error_type = CASE WHEN cancel_requested THEN 'Cancelled' ELSE %(error_type)s END,
     error_message = %(message)s,
     lease_token = '', lease_until = NULL
-WHERE {fence} AND NOT ({effect_started} AND NOT {reissuable_now})
+WHERE {fence} AND NOT ({effect_started} AND NOT (
+    {reissuable_now} AND idempotent_until > feishu_inbox_now_plus(%(delay)s)))
 RETURNING status
 
 -- lease_state --

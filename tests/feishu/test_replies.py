@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import lark_oapi
 import pytest
+from django.utils import timezone
 
 import feishu_inbox
 from feishu_inbox import ledger
@@ -101,7 +102,8 @@ def test_a_rate_limit_waits_for_its_reset_without_an_attempt_and_a_5xx_retries(
         first.lease, delay=limited.value.seconds, error_type="RateLimited", message="wait"
     )
     assert state == "queued" and EventJob.objects.get(pk=job.pk).attempt == 0
-    RateBucket.objects.update(blocked_until=None)  # the reset came
+    # the reset came, and a second after it (a blocked bucket refills from empty after it)
+    RateBucket.objects.update(blocked_until=None, updated_at=timezone.now() - timedelta(seconds=1))
     make_due(job.pk)
     second = claim_one()
     with InHandler(second), pytest.raises(FeishuTransientError):

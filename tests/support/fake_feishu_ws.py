@@ -28,6 +28,7 @@ import base64
 import json
 import random
 import secrets
+import sys
 import threading
 import time
 import uuid
@@ -368,7 +369,7 @@ class FakeLongConnection:
         try:
             for seq, part in enumerate(parts):
                 frame = _data_frame(message_id, part, len(parts), seq)
-                await target.ws.send(frame.SerializeToString())
+                await asyncio.wait_for(target.ws.send(frame.SerializeToString()), 2)
             with self.lock:
                 self.sent[message_id] = (pending.app_id, pending.event_id, time.monotonic())
         except Exception:  # noqa: S110 - lost with the connection: redelivered later
@@ -377,17 +378,25 @@ class FakeLongConnection:
     async def _redeliver(self) -> None:
         while True:
             await asyncio.sleep(0.05)
-            now = time.monotonic()
-            due = []
-            with self.lock:
-                for p in self.pending.values():
-                    if p.acked or p.deliveries > len(self.redeliver_after):
-                        continue
-                    wait = self.ack_timeout + self.redeliver_after[p.deliveries - 1]
-                    if now - p.sent_at[-1] >= wait:
-                        due.append(p)
-            for p in due:
-                await self._deliver(p)
+            try:
+                await self._redeliver_due()
+            except Exception as exc:  # it must never stop: a test would wait for ever
+                print(f"fake long connection: redelivery failed: {exc!r}", file=sys.stderr)
+
+    async def _redeliver_due(self) -> None:
+        now = time.monotonic()
+        due = []
+        with self.lock:
+            for p in self.pending.values():
+                if not p.sent_at:  # push() registered it; its first delivery is under way
+                    continue
+                if p.acked or p.deliveries > len(self.redeliver_after):
+                    continue
+                wait = self.ack_timeout + self.redeliver_after[p.deliveries - 1]
+                if now - p.sent_at[-1] >= wait:
+                    due.append(p)
+        for p in due:
+            await self._deliver(p)
 
     # --- faults --------------------------------------------------------------------------------
 
