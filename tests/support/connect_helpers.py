@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.support.fake_feishu_ws import FakeLongConnection
-from tests.support.processes import ROOT, subprocess_env, wait_for
+from tests.support.processes import ROOT, Subprocesses, subprocess_env, wait_for
 
 #: Short intervals so that a lost or silent connection is noticed within a few seconds.
 TEST_SETTINGS = {
@@ -31,12 +29,12 @@ def apps_for(fake: FakeLongConnection, **names: str) -> dict[str, dict[str, str]
     }
 
 
-class Connectors:
+class Connectors(Subprocesses):
     """Starts feishu_connect subprocesses; kills what is left at the end."""
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.dir = directory
-        self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
         self,
@@ -67,18 +65,8 @@ class Connectors:
         self.procs.append(proc)
         return proc
 
-    def stderr(self, proc: subprocess.Popen[bytes]) -> str:
-        return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
-
     def all_stderr(self) -> str:
         return "".join(self.stderr(p) for p in self.procs)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-            proc.wait(10)
 
 
 def connected(fake: FakeLongConnection, count: int, *, after: int = 0) -> None:

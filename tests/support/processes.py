@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -77,6 +78,23 @@ def start_server(port: int, **env: str) -> subprocess.Popen[bytes]:
         raise
     assert proc.poll() is None, "gunicorn exited at start"
     return proc
+
+
+class Subprocesses:
+    """Subprocesses a test started, each with its stderr in a file; killed at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def stderr(self, proc: subprocess.Popen[bytes]) -> str:
+        return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped one would not die
+                proc.kill()
+            proc.wait(10)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +10,15 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.models import EventJob
-from tests.support.processes import ROOT, subprocess_env
+from tests.support.processes import ROOT, Subprocesses, subprocess_env
 
 
-class Workers:
+class Workers(Subprocesses):
     """Starts runworker subprocesses on the test database; kills what is left at the end."""
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.dir = directory
-        self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
         n = len(self.procs)
@@ -43,9 +41,6 @@ class Workers:
         self.procs.append(proc)
         return proc
 
-    def stderr(self, proc: subprocess.Popen[bytes]) -> str:
-        return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
-
     def log(self) -> list[list[str]]:
         path = self.dir / "events.log"
         if not path.exists():
@@ -61,13 +56,6 @@ class Workers:
 
     def open_gate(self, name: str) -> None:
         (self.dir / f"gate-{name}").touch()
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-            proc.wait(10)
 
 
 def enqueue(
