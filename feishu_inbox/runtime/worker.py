@@ -589,8 +589,13 @@ class Worker:
         slots: list[str] = []
         try:
             # a slot first: a job that waits for one must not spend a token each time it looks
-            slots = rate_limits.take_slots(ctx, registry.concurrency_for(ctx.event.event_type))
-            rate_limits.acquire(registry.rate_limits_for(ctx.event.event_type))
+            # (a handler that declares neither costs two dict lookups)
+            specs = registry.concurrency_for(event.event_type)
+            if specs:
+                slots = rate_limits.take_slots(ctx, specs)
+            own_limits = registry.rate_limits_for(event.event_type)
+            if own_limits:
+                rate_limits.acquire(own_limits)
             if handlers.is_async(fn):
 
                 async def call() -> Any:
