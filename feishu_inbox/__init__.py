@@ -5,6 +5,7 @@ from __future__ import annotations
 from .errors import Cancelled, LeaseLost, Superseded, TimedOut
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
+from .feishu.streams import stream_reply, stream_send
 from .ledger.limits import RateLimit
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
 from .runtime.context import Event
@@ -37,4 +38,6 @@ __all__ = [
     "schedule",
     "send",
     "step",
+    "stream_reply",
+    "stream_send",
 ]

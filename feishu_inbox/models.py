@@ -7,6 +7,7 @@
 ``Step``       one row per memoized step of a job (SPEC §7).
 ``Maintenance``  chores the workers share (the retention purge), one row each.
 ``Schedule``   one row per declared schedule: its watermark and whether it is paused.
+``CardStream`` one row per streamed reply of a job: its card, message, sequence and text.
 
 State changes happen only through ``ledger/rules.py`` (its SQL lives in ``store/``).
 """
@@ -289,6 +290,43 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"job #{self.job_id} step {self.name}"
+
+
+class CardStream(models.Model):
+    """A streamed reply of a job (``feishu/streams.py``, SPEC §9b): the CardKit card it writes
+    into, the message that carries it, the last ``sequence`` used and the ``text`` sent with
+    it. Each operation's sequence and text are written here (fenced) before the operation
+    leaves, so a later attempt continues with a higher sequence and never shows less text."""
+
+    job = models.ForeignKey(EventJob, on_delete=models.CASCADE, related_name="card_streams")
+    #: The job's replay generation: a replayed job streams into a new card.
+    generation = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=64)
+    card_id = models.CharField(max_length=128)
+    element_id = models.CharField(max_length=64)
+    message_id = models.CharField(max_length=128, blank=True, default="")
+    sequence = models.PositiveIntegerField(default=0)
+    text = models.TextField(blank=True, default="")
+    #: The text ends with the interruption marker (an attempt ended by an exception).
+    marked = models.BooleanField(default=False)
+    #: Streaming mode is on; since when (Feishu turns it off by itself 10 minutes later).
+    streaming = models.BooleanField(default=True)
+    streaming_since = models.DateTimeField(null=True, blank=True)
+    #: The stream ended normally: the final text is on the card and streaming is off.
+    closed = models.BooleanField(default=False)
+    attempt = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "generation", "name"], name="feishu_inbox_card_stream_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} stream {self.name} (card {self.card_id})"
 
 
 class Maintenance(models.Model):

@@ -4,7 +4,10 @@
   token), the event's keys (dedupe, partition, private), card callbacks;
 - ``webhook``: the view that stores a delivery through ``ledger.enqueue`` and answers Feishu;
 - ``openapi``: Feishu's Open API through the official SDK, its answers as typed errors;
-- ``replies``: ``reply``/``send``/``client``, the message calls as idempotent effects.
+- ``replies``: ``reply``/``send``/``client``, the message calls as idempotent effects;
+- ``cardkit``: the CardKit calls a streamed card is made of (create, stream, settings, update);
+- ``streams``: ``stream_reply``/``stream_send``, an answer streamed into one card, resumed
+  after a crash (its state in ``ledger/streams.py``).
 
 A new Feishu API call goes in ``openapi`` (the request, its answers as errors) and, when a
 handler makes it, beside ``reply`` in ``replies`` as an effect.

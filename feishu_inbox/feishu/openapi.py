@@ -322,7 +322,7 @@ def _check_size(body: dict[str, Any], msg_type: str, problems: list[str]) -> Non
 
 
 def _message_id(app: str, what: str, make_request: Any) -> str:
-    data = _call(app, what, make_request)
+    data = call(app, what, make_request)
     message_id = data.get("message_id") if isinstance(data, dict) else None
     if not isinstance(message_id, str) or not message_id:  # sent again, the uuid gives its id
         raise FeishuTransientError(
@@ -334,7 +334,7 @@ def _message_id(app: str, what: str, make_request: Any) -> str:
     return message_id
 
 
-def _call(app: str, what: str, make_request: Any) -> Any:
+def call(app: str, what: str, make_request: Any) -> Any:
     """Make one Open API request (again once, with a fresh token, if Feishu calls the token
     invalid); return the answer's ``data``, or raise the typed error for what went wrong."""
     import requests

@@ -323,6 +323,7 @@ class SqlStore:
                 self.execute("move_job", moved)
                 self.execute("move_attempts", moved)
                 self.execute("move_steps", moved)
+                self.execute("move_card_streams", moved)
                 job_id = new_id
             self._forget_steps(job_id, from_step)
             replayed = self.row("replay", {"job_id": job_id, "resolution": resolution})
@@ -369,6 +370,7 @@ class SqlStore:
             if job_ids:
                 self.execute("delete_attempts", {"job_ids": job_ids})
                 self.execute("delete_steps", {"job_ids": job_ids})
+                self.execute("delete_card_streams", {"job_ids": job_ids})
                 self.execute("delete_jobs", {"job_ids": job_ids})
         return len(job_ids)
 
@@ -394,6 +396,16 @@ class SqlStore:
         params = {**fence_params(fence), "name": name, "result": result, "took": took}
         with self.write():
             return self.row("record_step", params) is not None
+
+    def card_stream(self, job_id: int, name: str) -> Row | None:
+        """The job's streamed reply ``name`` (of its current replay generation), or None."""
+        return self.row("card_stream", {"job_id": job_id, "name": name})
+
+    def save_card_stream(self, fence: Fence, name: str, state: Mapping[str, Any]) -> bool:
+        """Write a streamed reply's state, fenced; False when the lease is lost."""
+        with self.write():
+            params = {**fence_params(fence), "name": name, **state}
+            return self.row("save_card_stream", params) is not None
 
     def claim_chore(self, name: str, worker_id: str, interval: float) -> bool:
         """Take a shared chore if it is due (one worker wins); False when not due."""

@@ -334,6 +334,38 @@ DELETE FROM {step} WHERE job_id IN {job_ids}
 -- A replayed job's steps follow it to its new id.
 UPDATE {step} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
 
+-- card_stream --
+-- A streamed reply of a job's current replay generation (feishu/streams.py), or nothing.
+SELECT s.card_id, s.element_id, s.message_id, s.sequence, s.text, s.marked, s.streaming,
+       s.streaming_since, s.closed
+FROM {card_stream} s JOIN {job} j ON j.id = s.job_id AND s.generation = j.replays
+WHERE s.job_id = %(job_id)s AND s.name = %(name)s
+
+-- save_card_stream --
+-- A streamed reply's state, written fenced before each card operation leaves (and after the
+-- card is created or sent): one statement, the same values when a retry repeats it.
+INSERT INTO {card_stream} (job_id, generation, name, card_id, element_id, message_id, sequence,
+                           text, marked, streaming, streaming_since, closed, attempt, updated_at)
+SELECT id, replays, %(name)s, %(card_id)s, %(element_id)s, %(message_id)s, %(sequence)s,
+       %(text)s, %(marked)s, %(streaming)s, %(streaming_since)s, %(closed)s, attempt, now()
+FROM {job} WHERE {fence}
+ON CONFLICT (job_id, generation, name) DO UPDATE SET
+    card_id = excluded.card_id, element_id = excluded.element_id,
+    message_id = excluded.message_id, sequence = excluded.sequence, text = excluded.text,
+    marked = excluded.marked, streaming = excluded.streaming,
+    streaming_since = excluded.streaming_since, closed = excluded.closed,
+    attempt = excluded.attempt, updated_at = excluded.updated_at
+RETURNING id
+
+-- delete_card_streams --
+-- The streamed replies of jobs about to be deleted (retention).
+DELETE FROM {card_stream} WHERE job_id IN {job_ids}
+
+-- move_card_streams --
+-- A replayed job's streamed replies follow it to its new id (as history: a new generation
+-- streams into a new card).
+UPDATE {card_stream} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
+
 -- ensure_schedule --
 -- The row of a declared schedule, created the first time anything looks at it. Its watermark
 -- starts at %(now)s (a whole second): a schedule never catches up on occurrences from before it

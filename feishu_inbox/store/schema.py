@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..models import (
     Attempt,
+    CardStream,
     EventJob,
     Maintenance,
     Partition,
@@ -23,6 +24,7 @@ PARTITION_TABLE = Partition._meta.db_table
 ATTEMPT_TABLE = Attempt._meta.db_table
 MAINTENANCE_TABLE = Maintenance._meta.db_table
 STEP_TABLE = Step._meta.db_table
+CARD_STREAM_TABLE = CardStream._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
@@ -127,6 +129,7 @@ SQL_NAMES: dict[str, str] = {
     "attempt": ATTEMPT_TABLE,
     "maintenance": MAINTENANCE_TABLE,
     "step": STEP_TABLE,
+    "card_stream": CARD_STREAM_TABLE,
     "schedule": SCHEDULE_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)

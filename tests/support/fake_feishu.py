@@ -26,6 +26,10 @@ token fetches per app, and fails on request::
         fake.token_requests("cli_a"), fake.messages, fake.counts()
 
 A benchmark starts it the same way, sends through the client, and reads ``counts()``.
+
+It serves CardKit too (``fake_cardkit.py``: the cards a streamed reply writes into, in
+``fake.cardkit``); ``fail_next(..., endpoint="card")`` and ``fail_first_tries`` reach its
+endpoints as well (a create's first try is its card JSON's; an operation's, its uuid's).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support import fake_cardkit
+from tests.support.fake_cardkit import CardKit, card_entity
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 SEND_PATH = "/open-apis/im/v1/messages"
@@ -95,6 +102,8 @@ class Message:
     parent_id: str | None = None
     reply_in_thread: bool = False
     created: float = field(default_factory=time.time)
+    #: The CardKit card an interactive message carries (``{"type": "card", ...}``).
+    card_id: str | None = None
 
 
 @dataclass
@@ -117,6 +126,8 @@ class FakeFeishu:
         token_expire: int = 7200,
         uuid_window: float = 3600.0,
         limits: dict[str, int] | None = None,
+        stream_window: float = 600.0,
+        card_ops_per_second: int = 10,
     ) -> None:
         #: app_id -> app_secret
         self.apps = dict(apps or {"cli_fake": "fake-secret"})
@@ -130,7 +141,8 @@ class FakeFeishu:
         self._live_token: dict[str, str] = {}  # app_id -> its newest token
         self._uuids: dict[tuple[str, str], tuple[Message, float]] = {}
         self._chats: dict[str, str] = {}  # message_id -> chat_id
-        self._faults: dict[str, list[Fault]] = {"token": [], "message": []}
+        self._faults: dict[str, list[Fault]] = {"token": [], "message": [], "card": []}
+        self.cardkit = CardKit(stream_window=stream_window, ops_per_second=card_ops_per_second)
         self._first_try_faults: tuple[float, random.Random, tuple[Fault, ...]] | None = None
         self._first_tries: set[tuple[str, str]] = set()  # (app_id, uuid) already requested
         self._server: ThreadingHTTPServer | None = None
@@ -177,8 +189,8 @@ class FakeFeishu:
     # --- scripting ---------------------------------------------------------------------------
 
     def fail_next(self, *faults: Fault, endpoint: str = "message") -> None:
-        """The next requests to ``endpoint`` ("message": send or reply; "token") fail so, in
-        order, one fault each."""
+        """The next requests to ``endpoint`` ("message": send or reply; "card": CardKit;
+        "token") fail so, in order, one fault each."""
         with self._lock:
             self._faults[endpoint].extend(faults)
 
@@ -251,7 +263,7 @@ class FakeFeishu:
             if self._faults[endpoint]:
                 return self._faults[endpoint].pop(0)
             chance = self._first_try_faults
-            if endpoint != "message" or not chance or not app_id or not uuid:
+            if endpoint == "token" or not chance or not app_id or not uuid:
                 return None
             if (app_id, uuid) in self._first_tries:
                 return None
@@ -298,7 +310,8 @@ class FakeFeishu:
             self.requests.append(request)
 
     def apply(self, app_id: str, kind: str, fields: dict[str, Any]) -> tuple[Message, bool]:
-        """Create the message, or find the one its uuid created: (message, created)."""
+        """Create the message, or find the one its uuid created: (message, created). Raises
+        ``Refused`` for a card entity that does not exist or was sent before."""
         uuid = fields.get("uuid") or None
         with self._lock:
             now = time.time()
@@ -306,6 +319,12 @@ class FakeFeishu:
                 seen = self._uuids.get((app_id, uuid))
                 if seen and now - seen[1] < self.uuid_window:
                     return seen[0], False
+            message_id = f"om_{secrets.token_hex(12)}"
+            entity = card_entity(fields["content"]) if fields["msg_type"] == "interactive" else None
+            if entity is not None:
+                refused = self.cardkit.send(app_id, entity, message_id)
+                if refused:
+                    raise Refused(*refused)
             parent = fields.get("parent_id")
             chat_id = self._chats.get(parent) if parent else None
             if kind == "send":
@@ -313,7 +332,7 @@ class FakeFeishu:
                 chat_id = rid if rtype == "chat_id" else f"oc_p2p_{rtype}_{rid}"
             message = Message(
                 seq=len(self.messages) + 1,
-                message_id=f"om_{secrets.token_hex(12)}",
+                message_id=message_id,
                 app_id=app_id,
                 kind=kind,
                 msg_type=fields["msg_type"],
@@ -324,6 +343,7 @@ class FakeFeishu:
                 receive_id=fields.get("receive_id"),
                 parent_id=parent,
                 reply_in_thread=bool(fields.get("reply_in_thread")),
+                card_id=entity["data"]["card_id"] if entity else None,
             )
             self.messages.append(message)
             if chat_id:
@@ -331,6 +351,14 @@ class FakeFeishu:
             if uuid:
                 self._uuids[(app_id, uuid)] = (message, now)
             return message, True
+
+
+class Refused(Exception):
+    """Feishu refuses the request (HTTP 400 with this code and msg); nothing was created."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(msg)
+        self.code, self.msg = code, msg
 
 
 def message_problems(kind: str, body: Any, receive_id_type: str | None, size: int) -> list[str]:
@@ -385,6 +413,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except ValueError:
             body = None
+        if url.path == fake_cardkit.CARDS_PATH:
+            self.card_operation("create", None, None, body)
+            return
         if url.path == TOKEN_PATH:
             fault = fake.next_fault("token", None, None)
             if fault:
@@ -433,7 +464,12 @@ class _Handler(BaseHTTPRequestHandler):
             fake.record(Request(url.path, app_id, uuid, fault.kind))
             self.fault(fault, applied=False)
             return
-        message, created = fake.apply(app_id, kind, fields)
+        try:
+            message, created = fake.apply(app_id, kind, fields)
+        except Refused as refused:
+            fake.record(Request(url.path, app_id, uuid, "refused"))
+            self.answer(400, {"code": refused.code, "msg": refused.msg})
+            return
         outcome = fault.kind if fault else ("created" if created else "duplicate")
         fake.record(Request(url.path, app_id, uuid, outcome, message.message_id))
         if fault:
@@ -441,6 +477,75 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.kind != "slow_after_apply":
                 return
         self.answer(200, {"code": 0, "msg": "success", "data": message_data(message)})
+
+    def do_PUT(self) -> None:
+        path = urlsplit(self.path).path
+        content = fake_cardkit.CONTENT_PATH.match(path)
+        card = fake_cardkit.CARD_PATH.match(path)
+        if content:
+            self.card_operation("content", content.group(1), content.group(2), self.json_body())
+        elif card:
+            self.card_operation("update", card.group(1), None, self.json_body())
+        else:
+            self.answer(404, {"code": 404, "msg": "404 page not found"})
+
+    def do_PATCH(self) -> None:
+        settings = fake_cardkit.SETTINGS_PATH.match(urlsplit(self.path).path)
+        if settings:
+            self.card_operation("settings", settings.group(1), None, self.json_body())
+        else:
+            self.answer(404, {"code": 404, "msg": "404 page not found"})
+
+    def json_body(self) -> Any:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+
+    def card_operation(
+        self, operation: str, card_id: str | None, element_id: str | None, body: Any
+    ) -> None:
+        """A CardKit request: authenticated, then faulted as scripted, then applied."""
+        fake = self.server.fake
+        kit = fake.cardkit
+        app_id = fake.authenticate(self.headers.get("Authorization"))
+        if app_id is None:
+            self.answer(400, {"code": 99991663, "msg": "Invalid access token for authorization."})
+            return
+        if operation == "create":
+            digest = json.dumps(body, sort_keys=True)
+            key = f"create:{digest}"
+        else:
+            key = body.get("uuid") if isinstance(body, dict) else None
+        fault = fake.next_fault("card", app_id, key)
+        if fault and fault.kind in ("rate_limit", "server_error", "garbled", "business_error"):
+            if card_id in kit.cards:
+                kit.cards[card_id].arrivals.append(time.monotonic())
+            kit.requests.append(
+                fake_cardkit.CardRequest(operation, app_id, card_id, None, key, fault.kind)
+            )
+            self.fault(fault, applied=False)
+            return
+        headers: dict[str, str] = {}
+        if operation == "create":
+            status, answer, _ = kit.create(app_id, body)
+        else:
+            assert card_id is not None
+            status, answer, headers = kit.operate(operation, app_id, card_id, element_id, body)
+        if fault and status == 200:
+            if fault.kind == "slow_after_apply" and card_id:
+                with fake._lock:
+                    kit.delayed[card_id] = kit.delayed.get(card_id, 0) + 1
+            try:
+                self.fault(fault, applied=True)
+            finally:
+                if fault.kind == "slow_after_apply" and card_id:
+                    with fake._lock:
+                        kit.delayed[card_id] -= 1
+            if fault.kind != "slow_after_apply":
+                return
+        self.answer(status, answer, headers)
 
     def fault(self, fault: Fault, *, applied: bool) -> None:
         if fault.kind == "drop_after_apply":

@@ -159,3 +159,25 @@ feishu_inbox.handler("test.limited", rate_limit=feishu_inbox.RateLimit("t:{app}"
 
 #: The same steps, at most 2 jobs of one tenant running at once, across workers.
 feishu_inbox.handler("test.concurrent", concurrency=("tenant:{tenant_key}", 2))(steps)
+
+
+def answer_words(event_id: str, words: int) -> list[str]:
+    """The answer a model gives to event ``event_id`` (what the stream tests write)."""
+    return [f"{event_id}-w{i} " for i in range(words)]
+
+
+@feishu_inbox.handler("test.stream")
+def stream(event: Event) -> None:
+    """Think (a step: the answer is memoized), then stream the answer into a card reply, a
+    word every ``pace`` seconds (a model's tokens)."""
+    pid = os.getpid()
+    words = feishu_inbox.step(
+        "think", answer_words, event.event_id, int(event.payload.get("words", 40))
+    )
+    pace = float(event.payload.get("pace", 0.02))
+    with feishu_inbox.stream_reply(event, title="Answer") as card:
+        record("stream", event.event_id, pid, event.attempt, len(card.seen))
+        for word in words:
+            card.write(word)
+            time.sleep(pace)  # the model's pace
+    record("streamed", event.event_id, pid, event.attempt)
