@@ -58,7 +58,8 @@ def truncate_ledger() -> None:
 
     with connection.cursor() as cur:
         cur.execute(
-            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
+            "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_cardstream, "
+            "feishu_inbox_eventjob, "
             "feishu_inbox_partition"
         )
 

@@ -55,3 +55,70 @@ def limited(event: Event) -> None:
 )
 def limited_app(event: Event) -> None:
     """A no-op that takes a token of one bucket every job shares (one hot row)."""
+
+
+def _answer() -> list[str]:
+    return [f"t{i} " for i in range(int(os.environ.get("BENCH_STREAM_TOKENS", "100")))]
+
+
+def _pace() -> None:
+    pace = float(os.environ.get("BENCH_STREAM_PACE", "0"))
+    if pace:
+        time.sleep(pace)  # the model's pace between tokens
+
+
+@feishu_inbox.handler("bench.reply_stream")
+def reply_stream(event: Event) -> None:
+    """A memoized answer streamed into a card reply (``stream_reply``)."""
+    words = feishu_inbox.step("think", _answer)
+    with feishu_inbox.stream_reply(event) as card:
+        for word in words:
+            card.write(word)
+            _pace()
+    with open(os.environ["BENCH_STREAM_FILE"], "a") as f:
+        f.write(f"{card.operations} {card.requests} {card.ledger_writes}\n")
+
+
+@feishu_inbox.handler("bench.reply_stream_raw")
+def reply_stream_raw(event: Event) -> None:
+    """The same card by bare CardKit calls, no ledger: the same coalescing and spacing."""
+    from feishu_inbox.feishu import cardkit, openapi, streams
+
+    card = {
+        "schema": "2.0",
+        "config": {"streaming_mode": True},
+        "body": {"elements": [{"tag": "markdown", "content": "", "element_id": "answer"}]},
+    }
+    card_id = cardkit.create_card(event.app, card)
+    content = {"type": "card", "data": {"card_id": card_id}}
+    parent = event.payload["event"]["message"]["message_id"]
+    openapi.reply_message(
+        event.app, parent, content, msg_type="interactive", uuid=f"raw-{event.job_id}"
+    )
+    sequence, text, sent, last_flush, last_op = 0, "", "", time.monotonic(), 0.0
+
+    def operation(send: object) -> None:
+        nonlocal sequence, last_op
+        sequence += 1
+        wait = last_op + streams.OPERATION_SPACING - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        last_op = time.monotonic()
+        send(sequence, f"raw-{card_id}-{sequence}")  # type: ignore[operator]
+
+    def content_op(seq: int, uuid: str) -> None:
+        cardkit.stream_text(event.app, card_id, "answer", text, sequence=seq, uuid=uuid)
+
+    for word in _answer():
+        text += word
+        _pace()
+        if time.monotonic() - last_flush >= streams.UPDATE_INTERVAL:
+            last_flush = time.monotonic()
+            operation(content_op)
+            sent = text
+    if sent != text:
+        operation(content_op)
+    off = {"config": {"streaming_mode": False}}
+    operation(
+        lambda seq, uuid: cardkit.card_settings(event.app, card_id, off, sequence=seq, uuid=uuid)
+    )

@@ -27,7 +27,7 @@ from django.utils.timesince import timesince
 
 from ..conf import inbox_settings
 from ..ledger.idempotency import effect_key
-from ..models import Attempt, EventJob, Partition, Status, Step
+from ..models import Attempt, CardStream, EventJob, Partition, Status, Step
 from ..runtime import registry
 from .actions import ACTIONS, as_admin_action, page_context
 from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
@@ -36,7 +36,20 @@ from .filters import AppFilter, BlocksPartitionFilter, EventTypeFilter, KindFilt
 from .pauses import pause_chats
 
 
-class AttemptInline(ReadOnly, admin.TabularInline):
+class JobPart(ReadOnly, admin.TabularInline):
+    """A part of a job's page (its attempts, steps, streamed replies): seen by whoever may
+    view the job, without a permission of its own model (an operator given view_eventjob
+    would otherwise see no history)."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("feishu_inbox.view_eventjob")
+
+
+class AttemptInline(JobPart):
     model = Attempt
     readonly_fields = [
         "number",
@@ -48,20 +61,14 @@ class AttemptInline(ReadOnly, admin.TabularInline):
         "error_message",
     ]
     fields = tuple(readonly_fields)
-    extra = 0
-    can_delete = False
-    show_change_link = False
 
 
-class StepInline(ReadOnly, admin.TabularInline):
+class StepInline(JobPart):
     """The job's memoized steps (SPEC §7): what a retry returns instead of running them."""
 
     model = Step
     readonly_fields = ["name", "attempt", "started_at", "took", "result_preview"]
     fields = tuple(readonly_fields)
-    extra = 0
-    can_delete = False
-    show_change_link = False
 
     @admin.display(description="took")
     def took(self, obj: Step) -> str:
@@ -71,6 +78,39 @@ class StepInline(ReadOnly, admin.TabularInline):
     def result_preview(self, obj: Step) -> str:
         text = json.dumps(obj.result, ensure_ascii=False)
         return text if len(text) <= 200 else text[:199] + "…"
+
+
+class CardStreamInline(JobPart):
+    """The job's streamed replies (SPEC §9b): the card, its message, the last sequence and
+    the text recorded with it."""
+
+    model = CardStream
+    verbose_name = "streamed reply"
+    verbose_name_plural = "streamed replies"
+    readonly_fields = [
+        "name",
+        "generation",
+        "card_id",
+        "message_id",
+        "sequence",
+        "state",
+        "text_preview",
+        "attempt",
+        "updated_at",
+    ]
+    fields = tuple(readonly_fields)
+
+    @admin.display(description="state")
+    def state(self, obj: CardStream) -> str:
+        if obj.closed:
+            return "closed"
+        what = "streaming" if obj.streaming else "streaming off"
+        return what + (", interrupted" if obj.marked else "")
+
+    @admin.display(description="text")
+    def text_preview(self, obj: CardStream) -> str:
+        length = f"{len(obj.text):,} characters: "
+        return length + (obj.text if len(obj.text) <= 200 else obj.text[:199] + "…")
 
 
 class EventJobAdmin(ReadOnly, admin.ModelAdmin):
@@ -107,7 +147,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice over the whole ledger
     paginator = CappedCountPaginator
     actions = [*(as_admin_action(name) for name in ACTIONS), pause_chats]
-    inlines = [AttemptInline, StepInline]
+    inlines = [AttemptInline, StepInline, CardStreamInline]
     fieldsets = [
         (
             "Event",

@@ -471,19 +471,21 @@ class StreamedCard:
         wait = self._last_operation + OPERATION_SPACING - time.monotonic()
         if wait > 0:
             time.sleep(wait)  # Feishu's 10 operations a second per card
-        self._request(lambda: send(state.sequence, uuid))
+        self._request(lambda: send(state.sequence, uuid), operation=True)
         self.operations += 1
         self._uncertain = False
 
-    def _request(self, call: Callable[[], Any]) -> Any:
+    def _request(self, call: Callable[[], Any], *, operation: bool = False) -> Any:
         """Make one request: again after a 429's reset and after a 5xx or a timeout (the same
-        sequence and uuid: harmless if the first one was applied)."""
+        sequence and uuid: harmless if the first one was applied). ``operation``: one on the
+        card (not its creation), which the next one is spaced from."""
         ctx = self._ctx
         transient = 0
         while True:
             ctx.ensure_alive()
             ctx.ensure_in_time()
-            self._last_operation = time.monotonic()
+            if operation:
+                self._last_operation = time.monotonic()
             self.requests += 1
             try:
                 return call()

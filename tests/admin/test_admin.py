@@ -418,3 +418,28 @@ def test_the_confirmation_page_offers_the_jobs_steps_to_run_again_from(operator:
     act(operator, "requeue_failed", [job.pk], confirmed="yes", from_step="think")
     assert list(Step.objects.filter(job_id=job.pk).values_list("name", flat=True)) == ["fetch"]
     assert EventJob.objects.get(pk=job.pk).status == "queued"
+
+
+def test_the_job_page_shows_its_streamed_reply(operator: Client) -> None:
+    from django.utils import timezone
+
+    from feishu_inbox.models import CardStream
+
+    job = EventJobFactory()
+    CardStream.objects.create(
+        job=job,
+        name="answer",
+        card_id="7355372766134157313",
+        element_id="answer",
+        message_id="om_card",
+        sequence=9,
+        text="Half an answer",
+        marked=True,
+        streaming=False,
+        updated_at=timezone.now(),
+    )
+    html = operator.get(f"/admin/feishu_inbox/eventjob/{job.pk}/change/").content.decode()
+    assert "Streamed replies" in html and "Attempts" in html  # to one who may view jobs
+    for shown in ("7355372766134157313", "om_card", "14 characters: Half an answer"):
+        assert shown in html
+    assert "streaming off, interrupted" in html

@@ -27,7 +27,7 @@ from lark_oapi.api.im.v1 import ReplyMessageRequest, ReplyMessageRequestBody
 
 import feishu_inbox
 from feishu_inbox import ledger
-from feishu_inbox.errors import InvalidMessage, LeaseLost
+from feishu_inbox.errors import Deferred, InvalidMessage, LeaseLost
 from feishu_inbox.feishu import streams
 from feishu_inbox.models import CardStream, EventJob
 from tests.feishu.test_replies import claim_one, message_job
@@ -343,3 +343,48 @@ def test_bad_arguments_are_refused_before_any_request(fake_feishu: FakeFeishu) -
         with feishu_inbox.stream_reply(ctx.event) as card, pytest.raises(TypeError):
             card.write(42)  # type: ignore[arg-type]
     assert card.text == "" and len(fake_feishu.messages) == 1
+
+
+def test_stream_send_starts_a_new_message_in_a_chat(fake_feishu: FakeFeishu) -> None:
+    job = message_job(fake_feishu)
+    claimed = claim_one()
+    with (
+        InHandler(claimed),
+        feishu_inbox.stream_send("bot", "oc_other", summary="Thinking") as card,
+    ):
+        card.write("A new ")
+        card.flush()
+        card.set("A new message.")
+    assert ledger.finish(claimed.lease) == "completed"
+    [message] = fake_feishu.messages
+    assert (message.kind, message.chat_id, message.parent_id) == ("send", "oc_other", None)
+    shown = the_card(fake_feishu)
+    assert shown.elements[streams.ELEMENT_ID] == "A new message." and not shown.streaming
+    assert shown.data["config"]["summary"] == {"content": "Thinking"}
+    assert_never_went_back(shown)
+    assert CardStream.objects.get(job_id=job.pk).message_id == message.message_id
+
+
+def test_a_long_card_rate_limit_hands_the_job_back_and_it_resumes(
+    fake_feishu: FakeFeishu,
+) -> None:
+    job = message_job(fake_feishu)
+    first = claim_one()
+    with InHandler(first) as ctx:
+        stream = feishu_inbox.stream_reply(ctx.event)
+        card = stream.__enter__()
+        card.write("Some")
+        fake_feishu.fail_next(Fault("rate_limit", reset_seconds=30), endpoint="card")
+        with pytest.raises(Deferred) as deferred:
+            card.flush()
+        stream.__exit__(Deferred, deferred.value, None)  # no marker: it resumes soon
+    assert 29 < deferred.value.seconds <= 30
+    state = ledger.hand_back(first.lease, delay=0, error_type="RateLimited", message="wait")
+    assert state == "queued" and EventJob.objects.get(pk=job.pk).attempt == 0
+    second = claim_one()
+    with InHandler(second) as ctx, feishu_inbox.stream_reply(ctx.event) as card:
+        card.write("Some text.")
+    assert ledger.finish(second.lease) == "completed"
+    shown = the_card(fake_feishu)
+    assert shown.elements[streams.ELEMENT_ID] == "Some text." and not shown.streaming
+    assert len(fake_feishu.messages) == 1
