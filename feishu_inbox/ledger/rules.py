@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,9 @@ log = logging.getLogger("feishu_inbox.ledger")
 class EnqueueResult:
     job_id: int
     created: bool
+    #: The receipt time the ledger keeps (the duplicate's, when not created); not part of
+    #: the result's equality.
+    received_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class ClaimedJob:
     lease_until: datetime
     #: A step of this job was recorded before: its memo is worth reading (SPEC §7).
     has_steps: bool = False
+    #: When the ledger stored it.
+    received_at: datetime | None = None
 
     @property
     def id(self) -> int:
@@ -102,6 +107,7 @@ class ClaimedJob:
             private_message=bool(row["private_message"]),
             lease_until=aware(row["lease_until"]),
             has_steps=bool(row["has_steps"]),
+            received_at=aware(row.get("received_at")),
         )
 
 
@@ -173,7 +179,11 @@ def enqueue(
             "max_attempts": max_attempts,
         }
     )
-    result = EnqueueResult(job_id=stored["job_id"], created=bool(stored["created"]))
+    result = EnqueueResult(
+        job_id=stored["job_id"],
+        created=bool(stored["created"]),
+        received_at=aware(stored["received_at"]),
+    )
     if result.created:  # an operator's pause holds it from the start
         pauses.hold_new(result.job_id, app=app, event_type=event_type, partition_key=partition_key)
     return result

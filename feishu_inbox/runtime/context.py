@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ..errors import LeaseLost, TimedOut
@@ -31,6 +32,8 @@ class Event:
     partition_key: str
     attempt: int
     private_message: bool
+    #: When the ledger stored it (None where a caller built the event without it).
+    received_at: datetime | None = None
 
 
 @dataclass
@@ -63,6 +66,10 @@ class JobContext:
     #: A lease that really was lost the end's own write reports, as ``LeaseLost``.
     ending: bool = False
     on_lost: Callable[[JobContext], None] | None = None
+    #: Called by the worker once the attempt's end is written, with the job's state after it
+    #: and the exception that ended it (None: the handler returned), inside the ``except``
+    #: block of that exception (the django.tasks backend sends ``task_finished`` from it).
+    on_end: Callable[[str, BaseException | None], None] | None = None
     #: When (monotonic) the attempt times out (its handler's ``timeout``; None: never); set
     #: once the worker stopped it, so the handler's next checkpoint raises too.
     deadline: float | None = None

@@ -24,6 +24,7 @@ then hands back the jobs that started no effect; a second one exits at once (lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -48,7 +49,7 @@ from ..ledger import rules as ledger
 from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now, seconds_until_wakeup
 from ..store import store
-from ..store.schema import SCHEDULES_NOTICE
+from ..store.schema import SCHEDULES_NOTICE, STOPPING_NOTICE
 from . import context, handlers, registry, writes
 from . import limits as rate_limits
 from .finishing import Finish, FinishGroup
@@ -63,6 +64,8 @@ MIN_SLEEP = 0.05
 HEARTBEAT_TICK = 0.5
 #: The first wait before claiming again while the database is away (doubled up to 1 s).
 CLAIM_RETRY_FIRST_DELAY = 0.1
+#: How long a worker that stops waits for its threads to end (seconds).
+SHUTDOWN_WAIT = 5.0
 #: How often, at most, a worker asks whether the shared retention purge is due (it runs once
 #: per PURGE_INTERVAL across all workers).
 MAINTENANCE_TICK = 30.0
@@ -100,6 +103,9 @@ class WorkerOptions:
     queues: tuple[str, ...] = ()
     #: The claims' filter for those queues: partitions whose key starts with one of these.
     queue_prefixes: tuple[str, ...] = ()
+    #: A ``burst`` run gives up when the database has been unreachable this long (seconds);
+    #: a long-running worker keeps trying.
+    database_patience: float = 30.0
 
 
 class Ticked(Protocol):
@@ -143,18 +149,21 @@ class _Pool:
     """
 
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
         self._count = 0
+        self._threads: list[threading.Thread] = []
 
     def submit(self, task: Callable[[], None]) -> None:
         with self._lock:
             if self._idle == 0:
                 self._count += 1
-                threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name=f"feishu-handler-{self._count}", daemon=True
-                ).start()
+                )
+                self._threads.append(thread)
+                thread.start()
             else:
                 self._idle -= 1
         self._tasks.put(task)
@@ -162,6 +171,9 @@ class _Pool:
     def _run(self) -> None:
         while True:
             task = self._tasks.get()
+            if task is None:  # shut down: this thread's connections go with it
+                connections.close_all()
+                return
             try:
                 task()
             except BaseException:  # the thread must live on for the next job
@@ -169,22 +181,54 @@ class _Pool:
             with self._lock:
                 self._idle += 1
 
+    def shutdown(self, timeout: float) -> list[threading.Thread]:
+        """End the idle threads (each closes its database connections) and wait for them up to
+        ``timeout`` seconds; a thread still running a handler (one abandoned at its timeout)
+        is left to finish it. Returns the threads still alive."""
+        with self._lock:
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._tasks.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t for t in self._threads if t.is_alive()]
+
 
 class _AsyncRunner:
     """One event loop thread for ``async def`` handlers, started on first use."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def run(self, coro_fn: Callable[[], Any]) -> Any:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                threading.Thread(
+                self._thread = threading.Thread(
                     target=self._loop.run_forever, name="feishu-async", daemon=True
-                ).start()
-        return asyncio.run_coroutine_threadsafe(coro_fn(), self._loop).result()
+                )
+                self._thread.start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro_fn(), loop).result()
+
+    def close(self, timeout: float) -> None:
+        """Stop the loop, its thread and its executor's threads (``asyncio.to_thread``)."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
+            return
+
+        async def stop() -> None:
+            await loop.shutdown_default_executor()
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop)
+        thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
 
 
 class _Slots:
@@ -271,6 +315,9 @@ class Worker:
         self._listening = False
         #: Seconds to wait before the next claim while the database is away (0: it is not).
         self._db_backoff = 0.0
+        self._db_away_since: float | None = None
+        #: A burst run gave up on an unreachable database (``run`` returns 1).
+        self.gave_up = False
         #: The token of a claim whose reply was lost: its jobs may be ours (``claimed_with``).
         self._claim_token: str | None = None
         self._signals = 0
@@ -296,13 +343,17 @@ class Worker:
         loaded = self.services.warm_up()  # seconds of imports, before any lease runs
         if loaded:
             log.info("worker %s: %s", self.worker_id, loaded)
-        for name, target in (
-            ("feishu-heartbeat", self._heartbeat),
-            ("feishu-listen", self._listen),
-            ("feishu-maintenance", self._maintenance),
-            ("feishu-schedules", self._schedules),
-        ):
-            threading.Thread(target=target, name=name, daemon=True).start()
+        services = [
+            threading.Thread(target=_closing(target), name=name, daemon=True)
+            for name, target in (
+                ("feishu-heartbeat", self._heartbeat),
+                ("feishu-listen", self._listen),
+                ("feishu-maintenance", self._maintenance),
+                ("feishu-schedules", self._schedules),
+            )
+        ]
+        for thread in services:
+            thread.start()
         log.info(
             "worker %s started: concurrency %s, lease %ss, handlers for %s; %s",
             self.worker_id,
@@ -321,9 +372,27 @@ class Worker:
             self._wake.set()
             self._check_now.set()
             self._schedules_changed.set()
-            connections.close_all()
+            self._close(services)
         log.info("worker %s stopped: %s", self.worker_id, self.outcomes or "no jobs")
-        return 0
+        return 1 if self.gave_up else 0
+
+    def _close(self, services: list[threading.Thread]) -> None:
+        """Leave nothing running and nothing open: a worker run inside another process (a
+        test's ``call_command("runworker", burst=True)``) ends its threads and closes every
+        database connection they opened."""
+        deadline = time.monotonic() + SHUTDOWN_WAIT
+        # Our listener waits on its socket: wake it (when the database is away, its wait ends
+        # within its own timeout).
+        with contextlib.suppress(DatabaseError):
+            store().notify(STOPPING_NOTICE)
+        for thread in services:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = self._pool.shutdown(max(0.0, deadline - time.monotonic()))
+        self._async.close(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in services if t.is_alive()] + [t.name for t in stuck]
+        if left:
+            log.warning("worker %s: threads still running at exit: %s", self.worker_id, left)
+        connections.close_all()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -373,11 +442,26 @@ class Worker:
             self._database_away("claim", exc)
             return []
         self._db_backoff = 0.0
+        self._db_away_since = None
         return [(job, sent) for job in jobs]
 
     def _database_away(self, doing: str, exc: DatabaseError) -> None:
         self._db_backoff = min(max(self._db_backoff * 2, CLAIM_RETRY_FIRST_DELAY), 1.0)
-        log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
+        if self._db_away_since is None:
+            self._db_away_since = time.monotonic()
+        away = time.monotonic() - self._db_away_since
+        if self.options.burst and away >= self.options.database_patience:
+            self.gave_up = True
+            log.error(
+                "%s failed (%s); the database has been unreachable for %.0fs: a --burst run "
+                "gives up (its jobs wait for the next run)",
+                doing,
+                exc,
+                away,
+            )
+            self._stop.set()
+        else:
+            log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
         writes.drop_connection()
 
     def _sleep(self, can_claim: bool) -> None:
@@ -408,6 +492,7 @@ class Worker:
             partition_key=job.lease.partition_key,
             attempt=job.lease.attempt,
             private_message=job.private_message,
+            received_at=job.received_at,
         )
         timeout = registry.timeout_for(job.event_type)
         return context.JobContext(
@@ -611,10 +696,10 @@ class Worker:
                 fn(ctx.event)
         except Deferred as wait:
             return self._defer(ctx, wait), None
-        except Superseded:
-            return self._finish(ctx, superseded=True)
-        except Cancelled:
-            return self._finish(ctx, note="Cancelled")
+        except Superseded as exc:
+            return self._ended(ctx, self._finish(ctx, superseded=True), exc)
+        except Cancelled as exc:
+            return self._ended(ctx, self._finish(ctx, note="Cancelled"), exc)
         except LeaseLost:
             raise
         except BaseException as exc:  # SystemExit too: the job ends now, its cause recorded
@@ -626,7 +711,7 @@ class Worker:
                 error,
                 exc_info=True,
             )
-            return self._fail(ctx, error), None
+            return self._ended(ctx, (self._fail(ctx, error), None), error)
         finally:
             context.leave(token)
             if slots and not ctx.lost.is_set() and not ctx.timed_out.is_set():
@@ -634,7 +719,22 @@ class Worker:
                     rate_limits.give_back_slots(ctx, slots)
                 except (LeaseLost, DatabaseError) as exc:  # they stop counting with the lease
                     log.warning("job %s: slots not given back (%s)", ctx.event.job_id, exc)
-        return self._finish(ctx)
+        return self._ended(ctx, self._finish(ctx), None)
+
+    def _ended(
+        self,
+        ctx: context.JobContext,
+        result: tuple[str, context.JobContext | None],
+        error: BaseException | None,
+    ) -> tuple[str, context.JobContext | None]:
+        """Tell the job's ``on_end`` (a task's signals) how its attempt ended; what it raises
+        is logged, never the worker's concern."""
+        if ctx.on_end is not None:
+            try:
+                ctx.on_end(result[0], error)
+            except Exception:
+                log.exception("job %s: its end's callback raised", ctx.event.job_id)
+        return result
 
     # --- heartbeat: renewals and supersede checks ------------------------------------------
 
@@ -761,6 +861,8 @@ class Worker:
         """A NOTIFY: a head became claimable, or a job of one of our chats was cancelled or
         may be superseded (an operator's action and a private message also notify), or a
         schedule was paused, resumed or edited."""
+        if partition_key == STOPPING_NOTICE:
+            return  # a worker stopping: only its own listener cared (it is done)
         if partition_key == SCHEDULES_NOTICE:
             self._schedules_changed.set()
             return
@@ -889,6 +991,18 @@ class Worker:
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:
     return ledger.hand_back(lease, retrying=retrying)
+
+
+def _closing(target: Callable[[], None]) -> Callable[[], None]:
+    """A service thread's body that closes the thread's database connections when it ends."""
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            connections.close_all()
+
+    return run
 
 
 class _HandlerExit(Exception):

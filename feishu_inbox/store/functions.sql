@@ -56,10 +56,11 @@ $$;
 CREATE OR REPLACE FUNCTION feishu_inbox_enqueue(
     p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
     p_private boolean, p_payload jsonb, p_max_attempts integer
-) RETURNS TABLE (job_id bigint, created boolean) LANGUAGE plpgsql AS $$
+) RETURNS TABLE (job_id bigint, created boolean, received_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
     v_head bigint;
     v_id bigint;
+    v_received timestamptz;
 BEGIN
     -- enqueue_partition: lock (or create) the partition row. Enqueues into one partition
     -- serialise here, so the id (receipt sequence) taken next is in commit order within the
@@ -81,12 +82,13 @@ BEGIN
     VALUES (p_app, p_event_id, p_event_type, p_dedupe, p_key, p_private, p_payload, '{queued}',
         0, p_max_attempts, now(), now(), '', '', 0, FALSE, FALSE, FALSE, '', '', '')
     ON CONFLICT (app, dedupe_key) DO NOTHING
-    RETURNING id INTO v_id;
+    RETURNING id, {job}.received_at INTO v_id, v_received;
 
     IF v_id IS NULL THEN
         -- duplicate_of
-        SELECT j.id INTO v_id FROM {job} j WHERE j.app = p_app AND j.dedupe_key = p_dedupe;
-        RETURN QUERY SELECT v_id, FALSE;
+        SELECT j.id, j.received_at INTO v_id, v_received
+        FROM {job} j WHERE j.app = p_app AND j.dedupe_key = p_dedupe;
+        RETURN QUERY SELECT v_id, FALSE, v_received;
         RETURN;
     END IF;
     IF v_head IS NULL THEN
@@ -99,7 +101,7 @@ BEGIN
     IF v_head IS NULL OR p_private THEN
         PERFORM pg_notify('{channel}', left(p_key, 200));
     END IF;
-    RETURN QUERY SELECT v_id, TRUE;
+    RETURN QUERY SELECT v_id, TRUE, v_received;
 END
 $$;
 

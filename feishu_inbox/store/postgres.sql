@@ -12,7 +12,7 @@
 -- partition row, takes the id under that lock and makes the job its partition's head if the
 -- partition was idle (then NOTIFY). Only on PostgreSQL: SQLite runs the same steps one by one
 -- (enqueue_partition, enqueue_job, duplicate_of, set_first_head).
-SELECT job_id, created
+SELECT job_id, created, received_at
 FROM feishu_inbox_enqueue(%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s,
                           %(partition_key)s, %(private_message)s, %(payload)s,
                           %(max_attempts)s)

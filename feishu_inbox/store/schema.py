@@ -32,6 +32,9 @@ NOTIFY_CHANNEL = "feishu_inbox"
 #: again at once. (Other payloads are partition keys, which the webhook's always give with a
 #: colon; a site's own key spelled like this would only cost the workers one extra look.)
 SCHEDULES_NOTICE = "feishu_inbox.schedules"
+#: The NOTIFY payload a stopping worker sends so that its own listener wakes and ends at once
+#: (other workers ignore it).
+STOPPING_NOTICE = "feishu_inbox.stopping"
 
 QUEUED = Status.QUEUED.value
 RUNNING = Status.RUNNING.value
@@ -44,7 +47,7 @@ IDLE = PartitionState.IDLE.value
 #: The columns a claim returns (``ledger.ClaimedJob.from_row`` reads them by name).
 CLAIMED_COLUMNS = (
     "id, event_id, event_type, app, payload, private_message, attempt, partition_key, "
-    "lease_until, has_steps"
+    "lease_until, has_steps, received_at"
 )
 
 #: SPEC §3 Effects: once any effect started the job is never retried automatically, unless

@@ -93,10 +93,11 @@ class SqliteStore(SqlStore):
             partition = self.rows("enqueue_partition", job)[0]
             stored = self.row("enqueue_job", job)
             if stored is None:
-                return {"job_id": self.rows("duplicate_of", job)[0]["id"], "created": False}
+                found = self.rows("duplicate_of", job)[0]
+                return {"job_id": found["id"], "created": False, **_received(found)}
             if partition["head_id"] is None:
                 self.execute("set_first_head", {**job, "job_id": stored["id"]})
-        return {"job_id": stored["id"], "created": True}
+        return {"job_id": stored["id"], "created": True, **_received(stored)}
 
     def claim(
         self,
@@ -220,3 +221,7 @@ class SqliteStore(SqlStore):
                 )
                 for fence, error, token in finishes
             ]
+
+
+def _received(row: Row) -> dict[str, Any]:
+    return {"received_at": row["received_at"]}

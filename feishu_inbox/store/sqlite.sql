@@ -28,12 +28,12 @@ VALUES (%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s, %(partition_key)s
     %(private_message)s, %(payload)s, '{queued}', 0, %(max_attempts)s, now(), now(),
     '', '', 0, FALSE, FALSE, FALSE, '', '', '')
 ON CONFLICT (app, dedupe_key) DO NOTHING
-RETURNING id
+RETURNING id, received_at
 
 -- duplicate_of --
 -- The job already stored under this dedupe key. Only on SQLite (PostgreSQL: inside
 -- feishu_inbox_enqueue()).
-SELECT id FROM {job} WHERE app = %(app)s AND dedupe_key = %(dedupe_key)s
+SELECT id, received_at FROM {job} WHERE app = %(app)s AND dedupe_key = %(dedupe_key)s
 
 -- set_first_head --
 -- An idle partition gets the new job as its head: only then is there new claimable work.

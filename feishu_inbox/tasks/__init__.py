@@ -35,7 +35,6 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.core import checks
-from django.utils import timezone
 
 from ..errors import ConfigurationError, LedgerError
 from ..ledger.retry import RetryPolicy
@@ -84,6 +83,14 @@ class InvalidLedgerTask(_InvalidTask, LedgerError):
 
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         LedgerError.__init__(self, message, fix=fix)
+
+
+class UnserializableTaskArguments(InvalidLedgerTask, TypeError):
+    """A task's arguments are not JSON data; nothing was enqueued. A ``TypeError``, as the
+    framework's own backends raise for them (code written against the framework catches that),
+    and the framework's ``InvalidTask``."""
+
+    code = "invalid_task"
 
 
 @contextmanager
@@ -151,8 +158,11 @@ def retry_policy_of(task: Any) -> RetryPolicy:
 class LedgerBackend(_BaseTaskBackend):
     """Tasks are ledger jobs: enqueued in the caller's transaction, run by ``runworker``."""
 
+    #: ``run_after`` holds a task until then (the claim's due time; an idle worker wakes for it).
     supports_defer = True
+    #: ``async def`` tasks run on the worker's event loop thread, beside sync ones.
     supports_async_task = True
+    #: ``get_result()`` reads the ledger: one query for a task that has not run, two after.
     supports_get_result = True
     #: The claim takes due work by priority, then receipt; a priority never reorders the tasks
     #: of one ordering key (they run in enqueue order).
@@ -184,9 +194,9 @@ class LedgerBackend(_BaseTaskBackend):
         try:
             args, kwargs = _fw.normalize_json(list(args)), _fw.normalize_json(dict(kwargs))
         except (TypeError, ValueError) as exc:
-            raise InvalidLedgerTask(
-                f"The arguments of {task.module_path} are not JSON data ({exc}); nothing was "
-                "enqueued.",
+            raise UnserializableTaskArguments(
+                f"The arguments of {task.module_path} are not JSON serializable ({exc}); "
+                "nothing was enqueued.",
                 fix="Pass ids, strings, numbers, lists and dicts; load objects in the task.",
             ) from exc
         result_id = uuid.uuid4().hex
@@ -199,7 +209,7 @@ class LedgerBackend(_BaseTaskBackend):
                 fix="Use a shorter ordering key (an id, not a description).",
             )
         policy = retry_policy_of(task)
-        task_jobs.enqueue(
+        stored = task_jobs.enqueue(
             result_id=result_id,
             task_path=task.module_path,
             queue=task.queue_name,
@@ -222,7 +232,7 @@ class LedgerBackend(_BaseTaskBackend):
             task=task,
             id=result_id,
             status=_fw.TaskResultStatus.READY,
-            enqueued_at=timezone.now(),  # this host's clock; get_result reads the database's
+            enqueued_at=stored.received_at,  # the ledger's: what get_result() reads
             started_at=None,
             finished_at=None,
             last_attempted_at=None,

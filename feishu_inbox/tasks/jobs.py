@@ -42,6 +42,7 @@ from ..task_jobs import (
 )
 
 if TYPE_CHECKING:
+    from ..ledger.rules import EnqueueResult
     from ..models import EventJob
 
 APP = "django.tasks"
@@ -71,10 +72,10 @@ def enqueue(
     run_after: datetime | None,
     priority: int,
     max_attempts: int,
-) -> int:
+) -> EnqueueResult:
     """Store a task as a job, in the caller's transaction if there is one (then it exists only
     if the caller commits, and PostgreSQL's NOTIFY is delivered at that commit). Returns the
-    job's id."""
+    job's id and the receipt time the ledger keeps (one round trip for a plain task)."""
     from ..ledger import rules as ledger
     from ..store import store
 
@@ -93,7 +94,7 @@ def enqueue(
         )
         if shaped:
             store().defer_and_rank_new_job(stored.job_id, key, run_after, priority)
-    return stored.job_id
+    return stored
 
 
 # --- running a task (the kind's handler, called by the worker) ------------------------------
@@ -115,25 +116,107 @@ def load_task(task_path: str) -> Any:
 
 
 def run(event: context.Event) -> None:
-    """Run the task of a claimed job; record its return value (a step) when it returns."""
+    """Run the task of a claimed job; record its return value (a step) when it returns.
+
+    The framework's ``task_started`` is sent before the task runs and ``task_finished`` once
+    the ledger has written the attempt's end, if it is final (SUCCESSFUL or FAILED; a failure
+    that is retried sends none): with them come the framework's own log records (its
+    ``django.tasks`` logger: RUNNING, then SUCCESSFUL or FAILED with the traceback)."""
+    from .framework import framework
+
+    fw = framework()
     fw_task = load_task(event.event_type[len(PREFIX) :])
     ctx = context.current()
     found, _ = steps.memoized(ctx, RETURN_STEP)
     if found:  # an earlier attempt returned; its finish was lost
         return
+    # A first attempt's result is made from what the worker holds; a retry's (its earlier
+    # attempts' workers and errors) and a context's are read from the ledger.
+    if fw_task.takes_context or event.attempt > 1:
+        result = read_result(event.event_id)
+    else:
+        result = running_result(event, fw_task, ctx.lease.worker_id)
+    ctx.on_end = lambda state, error: _send_finished(result, state, error)
+    fw.task_started.send(sender=_backend_class(), task_result=result)
     args, kwargs = event.payload.get("args", []), event.payload.get("kwargs", {})
     if fw_task.takes_context:
-        from .framework import framework
-
-        task_context = framework().TaskContext(task_result=read_result(event.event_id))
-        args = [task_context, *args]
+        args = [fw.TaskContext(task_result=result), *args]
     started = time.monotonic()
     value = fw_task.call(*args, **kwargs)
     if value is not None:
-        from .framework import framework
-
-        value = framework().normalize_json(value)  # TypeError: not JSON data, the task fails
+        try:
+            value = fw.normalize_json(value)
+        except (TypeError, ValueError) as exc:  # not JSON data: the task fails
+            raise TypeError(
+                f"The return value of {fw_task.module_path} is not JSON serializable: object "
+                f"of type {type(value).__name__} is not JSON serializable ({exc})."
+            ) from exc
         steps.record(ctx, RETURN_STEP, value, time.monotonic() - started)
+        object.__setattr__(result, "_return_value", value)
+
+
+def _backend_class() -> type:
+    from . import LedgerBackend
+
+    return LedgerBackend
+
+
+def running_result(event: context.Event, fw_task: Any, worker_id: str) -> Any:
+    """The TaskResult of an attempt that starts now, made from what the worker holds (no
+    query): what the signals carry and a ``takes_context`` task's context holds."""
+    from django.utils import timezone
+
+    from .framework import framework
+
+    fw = framework()
+    payload = event.payload
+    now = timezone.now()
+    return fw.TaskResult(
+        task=_task_of(fw_task, payload),
+        id=event.event_id,
+        status=fw.TaskResultStatus.RUNNING,
+        enqueued_at=event.received_at,
+        started_at=now,
+        finished_at=None,
+        last_attempted_at=now,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=payload.get("backend"),
+        errors=[],
+        worker_ids=[worker_id],
+    )
+
+
+def _send_finished(result: Any, state: str, error: BaseException | None) -> None:
+    """The attempt's end is written: ``task_finished`` if the task will not run again."""
+    from django.utils import timezone
+
+    from ..models import Status
+    from .framework import framework
+
+    if state not in (Status.COMPLETED, Status.FAILED, Status.UNKNOWN):
+        return  # retried (or handed back): it runs again, and finishes then
+    fw = framework()
+    ok = state == Status.COMPLETED and error is None
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(
+        result, "status", fw.TaskResultStatus.SUCCESSFUL if ok else fw.TaskResultStatus.FAILED
+    )
+    if error is not None:
+        class_path, text = describe_error(error)
+        result.errors.append(fw.TaskError(exception_class_path=class_path, traceback=text))
+    fw.task_finished.send(sender=_backend_class(), task_result=result)
+
+
+def _task_of(fw_task: Any, payload: dict[str, Any]) -> Any:
+    """The task as it was enqueued (its queue, priority, run_after and backend)."""
+    run_after = payload.get("run_after")
+    return fw_task.using(
+        queue_name=payload.get("queue_name"),
+        priority=payload.get("priority"),
+        run_after=datetime.fromisoformat(run_after) if run_after else None,
+        backend=payload.get("backend"),
+    )
 
 
 def policy(event_type: str) -> RetryPolicy | None:
@@ -222,15 +305,28 @@ def find_job(result_id: str) -> EventJob | None:
 def read_result(result_id: str) -> Any:
     """The framework's TaskResult of a task, read from the ledger (raises the framework's
     TaskResultDoesNotExist when there is no such task, or it was purged)."""
-    from ..models import Attempt, Status, Step
+    from django.db.models import JSONField, OuterRef, Subquery
+
+    from ..models import Attempt, EventJob, Status, Step
     from .framework import framework
 
     fw = framework()
-    job = find_job(result_id) if isinstance(result_id, str) else None
+    job = None
+    if isinstance(result_id, str):
+        # the return value on the same round trip; the attempts only of a job that ran
+        returned = Step.objects.filter(job_id=OuterRef("pk"), name=RETURN_STEP)
+        job = (
+            EventJob.objects.filter(app=APP, dedupe_key=result_id)
+            .annotate(
+                return_value=Subquery(returned.values("result")[:1], output_field=JSONField())
+            )
+            .first()
+        )
     if job is None:
         raise fw.TaskResultDoesNotExist(result_id)
     payload = job.payload
-    attempts = list(Attempt.objects.filter(job_id=job.pk).order_by("number", "id"))
+    ran = job.attempt > 0 or job.claimed_at is not None
+    attempts = list(Attempt.objects.filter(job_id=job.pk).order_by("number", "id")) if ran else []
     status = task_status(job)
     errors = [
         fw.TaskError(exception_class_path=error_class_path(a.error_type), traceback=a.error_message)
@@ -247,13 +343,7 @@ def read_result(result_id: str) -> Any:
     worker_ids = [a.worker_id for a in attempts]
     if job.status == Status.RUNNING:
         worker_ids.append(job.worker_id)
-    run_after = payload.get("run_after")
-    fw_task = load_task(job.event_type[len(PREFIX) :]).using(
-        queue_name=payload.get("queue_name"),
-        priority=payload.get("priority"),
-        run_after=datetime.fromisoformat(run_after) if run_after else None,
-        backend=payload.get("backend"),
-    )
+    fw_task = _task_of(load_task(job.event_type[len(PREFIX) :]), payload)
     result = fw.TaskResult(
         task=fw_task,
         id=result_id,
@@ -269,10 +359,5 @@ def read_result(result_id: str) -> Any:
         worker_ids=worker_ids,
     )
     if status == "SUCCESSFUL":
-        value = (
-            Step.objects.filter(job_id=job.pk, name=RETURN_STEP)
-            .values_list("result", flat=True)
-            .first()
-        )
-        object.__setattr__(result, "_return_value", value)
+        object.__setattr__(result, "_return_value", job.return_value)
     return result

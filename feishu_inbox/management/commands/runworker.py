@@ -43,6 +43,14 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="exit when nothing is due")
         parser.add_argument("--max-jobs", type=int, help="exit after this many jobs")
         parser.add_argument(
+            "--database-patience",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="with --burst: exit with an error once the database has been unreachable "
+            "this long (30); a worker without --burst keeps trying",
+        )
+        parser.add_argument(
             "--grace-seconds",
             type=float,
             default=30.0,
@@ -72,6 +80,8 @@ class Command(BaseCommand):
     def _run(self, options: dict[str, Any]) -> None:
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        if not options["database_patience"] > 0:
+            raise CommandError("--database-patience must be more than 0 seconds.")
         if options["lease_seconds"] is not None and options["lease_seconds"] < 1:
             raise CommandError("--lease-seconds must be at least 1.")
         bad = [q for q in options["queue"] if not q or ":" in q or len(q) > 64]
@@ -90,6 +100,7 @@ class Command(BaseCommand):
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
                     grace_seconds=options["grace_seconds"],
+                    database_patience=options["database_patience"],
                     queues=queues,
                     queue_prefixes=tuple(queue_prefix(q) for q in queues),
                 ),
@@ -100,6 +111,12 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         log_handlers(worker.handlers)
         worker.run()
+        if worker.gave_up:
+            raise CommandError(
+                f"runworker --burst gave up: the database was unreachable for "
+                f"{options['database_patience']:g}s (see the log above). Nothing was lost: "
+                "the due jobs wait for the next run."
+            )
         if worker.restart_requested:
             # Handler threads stuck past their timeout cannot be stopped from Python: a new
             # process image replaces them (same pid, same arguments; a supervisor sees no exit).
