@@ -439,16 +439,17 @@ class Worker:
             )
             self._claim_token = None
         except DatabaseError as exc:
-            self._database_away("claim", exc)
+            self._database_away("claim", exc, since=sent)
             return []
         self._db_backoff = 0.0
         self._db_away_since = None
         return [(job, sent) for job in jobs]
 
-    def _database_away(self, doing: str, exc: DatabaseError) -> None:
+    def _database_away(self, doing: str, exc: DatabaseError, *, since: float | None = None) -> None:
+        """``since``: when the call that failed began (a call may wait a while to fail)."""
         self._db_backoff = min(max(self._db_backoff * 2, CLAIM_RETRY_FIRST_DELAY), 1.0)
         if self._db_away_since is None:
-            self._db_away_since = time.monotonic()
+            self._db_away_since = time.monotonic() if since is None else since
         away = time.monotonic() - self._db_away_since
         if self.options.burst and away >= self.options.database_patience:
             self.gave_up = True
