@@ -136,8 +136,9 @@ def run(event: context.Event) -> None:
         result = read_result(event.event_id)
     else:
         result = running_result(event, fw_task, ctx.lease.worker_id)
-    ctx.on_end = lambda state, error: _send_finished(result, state, error)
-    fw.task_started.send(sender=_backend_class(), task_result=result)
+    sender = type(fw.task_backends[result.backend])  # the framework's backends send their class
+    ctx.on_end = lambda state, error: _send_finished(sender, result, state, error)
+    fw.task_started.send(sender=sender, task_result=result)
     args, kwargs = event.payload.get("args", []), event.payload.get("kwargs", {})
     if fw_task.takes_context:
         args = [fw.TaskContext(task_result=result), *args]
@@ -153,12 +154,6 @@ def run(event: context.Event) -> None:
             ) from exc
         steps.record(ctx, RETURN_STEP, value, time.monotonic() - started)
         object.__setattr__(result, "_return_value", value)
-
-
-def _backend_class() -> type:
-    from . import LedgerBackend
-
-    return LedgerBackend
 
 
 def running_result(event: context.Event, fw_task: Any, worker_id: str) -> Any:
@@ -187,7 +182,7 @@ def running_result(event: context.Event, fw_task: Any, worker_id: str) -> Any:
     )
 
 
-def _send_finished(result: Any, state: str, error: BaseException | None) -> None:
+def _send_finished(sender: type, result: Any, state: str, error: BaseException | None) -> None:
     """The attempt's end is written: ``task_finished`` if the task will not run again."""
     from django.utils import timezone
 
@@ -205,7 +200,7 @@ def _send_finished(result: Any, state: str, error: BaseException | None) -> None
     if error is not None:
         class_path, text = describe_error(error)
         result.errors.append(fw.TaskError(exception_class_path=class_path, traceback=text))
-    fw.task_finished.send(sender=_backend_class(), task_result=result)
+    fw.task_finished.send(sender=sender, task_result=result)
 
 
 def _task_of(fw_task: Any, payload: dict[str, Any]) -> Any:

@@ -28,7 +28,7 @@ LAYERS = {
     "management": 5,
     "templatetags": 5,
 }
-LEAVES = {"errors", "conf", "models", "task_jobs"}
+LEAVES = {"errors", "conf", "models", "task_jobs", "telemetry"}
 WIRING = {"__init__", "apps", "checks", "urls"}
 #: Imports across one layer's folders, each one way only.
 SIDEWAYS = {("schedules", "tasks")}  # a schedule may run a django.tasks task

@@ -1,0 +1,121 @@
+"""What the ledger's processes count, for Prometheus (SPEC §9d): one ``feishu_inbox_`` prefix,
+``_total`` counters, ``_seconds`` units, low-cardinality labels (event type or task, app,
+outcome; never a chat, job or event id).
+
+The instruments live in ``prometheus_client``'s default registry (the ``metrics`` extra), so a
+site's own metrics and gunicorn's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) work as
+with any Python app; without the package every instrument is a no-op that costs one method
+call. The ledger's own gauges (jobs per state, the oldest due job, blocked chats) are not
+here: they are read from the database when scraped (``monitoring/``).
+
+A leaf: this module imports nothing of the package, so every layer may count.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+prometheus_client: Any
+try:
+    prometheus_client = import_module("prometheus_client")
+except ImportError:  # the metrics extra is not installed: count nothing
+    prometheus_client = None
+
+#: Handler and Open API durations: from a fast handler's few milliseconds to an LLM call's
+#: minutes.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: Waits from due to start: from a NOTIFY's milliseconds to a backlog's minutes.
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+class _Nothing:
+    """What an instrument is without prometheus_client: every call does nothing."""
+
+    def labels(self, *values: Any, **named: Any) -> _Nothing:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+    if prometheus_client is None:
+        return _Nothing()
+    return prometheus_client.Counter(name, doc, labels)
+
+
+def _histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
+    if prometheus_client is None:
+        return _Nothing()
+    return prometheus_client.Histogram(name, doc, labels, buckets=buckets)
+
+
+ENABLED = prometheus_client is not None
+
+# --- the worker ---------------------------------------------------------------------------------
+
+#: outcome: completed, failed, unknown, retried, superseded, cancelled, timed_out, deferred
+#: (handed back to wait for a limit or a pause), lease_lost.
+JOBS_FINISHED = _counter(
+    "feishu_inbox_jobs_finished",
+    "Attempts ended by this process, by event type (or task) and outcome.",
+    ("event_type", "outcome"),
+)
+HANDLER_SECONDS = _histogram(
+    "feishu_inbox_handler_duration_seconds",
+    "How long handlers ran, by event type (or task).",
+    ("event_type",),
+    DURATION_BUCKETS,
+)
+WAIT_SECONDS = _histogram(
+    "feishu_inbox_job_wait_seconds",
+    "From when a job was due to when this process started it, by event type (or task).",
+    ("event_type",),
+    WAIT_BUCKETS,
+)
+#: result: jobs (it claimed some), empty, error (the database was away).
+CLAIMS = _counter("feishu_inbox_claims", "Claim statements this process ran.", ("result",))
+CLAIMED_JOBS = _counter("feishu_inbox_claimed_jobs", "Jobs this process claimed.")
+#: result: renewed, lost (the lease was gone), error (the database was away).
+RENEWALS = _counter(
+    "feishu_inbox_lease_renewals", "Lease renewals this process asked for.", ("result",)
+)
+LEASE_EXPIRIES = _counter(
+    "feishu_inbox_lease_expiries",
+    "Expired leases (of any worker) this process recovered.",
+)
+WRITE_RETRIES = _counter(
+    "feishu_inbox_ledger_write_retries",
+    "A running job's ledger writes tried again after a database error (a blink).",
+)
+#: result: recorded (the function ran), memoized (an earlier attempt's result).
+STEPS = _counter("feishu_inbox_steps", "Steps, by whether they ran.", ("result",))
+#: result: started, done, uncertain (it raised: the job will end unknown unless idempotent).
+EFFECTS = _counter("feishu_inbox_effects", "Effects, by how they went.", ("result",))
+
+# --- Feishu -------------------------------------------------------------------------------------
+
+#: api: the method and path template ("POST /open-apis/im/v1/messages/:message_id/reply");
+#: result: ok, rate_limited, transient, refused.
+OPENAPI_REQUESTS = _counter(
+    "feishu_inbox_openapi_requests",
+    "Open API requests, by API and result.",
+    ("app", "api", "result"),
+)
+OPENAPI_SECONDS = _histogram(
+    "feishu_inbox_openapi_request_duration_seconds",
+    "How long Open API requests took, by API.",
+    ("api",),
+    DURATION_BUCKETS,
+)
+#: transport: webhook, long_connection; answer: stored, duplicate, or the refusal's code
+#: (bad_signature, stale, …: errors.CATALOGUE).
+DELIVERIES = _counter(
+    "feishu_inbox_deliveries",
+    "Deliveries from Feishu, by app, transport and what they were answered.",
+    ("app", "transport", "answer"),
+)
