@@ -5,17 +5,19 @@
 #
 # Needs make and a Python >= 3.10 that can create virtual environments (Debian/Ubuntu:
 # apt-get install make python3-venv). PYTHON chooses it: make test PYTHON=python3.12.
-# make test also needs PostgreSQL (PG_URL) and Chromium (CHROMIUM) for the browser tests.
+# make test also needs PostgreSQL (PG_URL), Chromium (CHROMIUM) for the browser tests and
+# Prometheus (PROMETHEUS: Debian's prometheus package, with promtool) for the metrics tests.
 PYTHON ?= python3
 VENV ?= .venv
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
+PROMETHEUS ?= /usr/bin/prometheus
 PY := $(VENV)/bin/python
 # One database name per checkout, so two checkouts on one machine never drop each other's
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint test-sqlite test-postgres test-all chromium clean
+.PHONY: demo test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -51,11 +53,16 @@ chromium:
 	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
 	  echo "make test: no Chromium at $(CHROMIUM) for the browser tests. Debian/Ubuntu: apt-get install chromium (or CHROMIUM=/path/to/chromium)"; exit 1; }
 
+# The metrics tests scrape a real worker with a real Prometheus (they never skip either).
+prometheus:
+	@command -v $(PROMETHEUS) >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
+	  echo "make test: no Prometheus at $(PROMETHEUS) (or no promtool) for the metrics tests. Debian/Ubuntu: apt-get install prometheus"; exit 1; }
+
 # The lint and the two suites run side by side: each suite spends most of its time waiting on
 # worker subprocesses, servers and the browser, so together they take about as long as the
 # longer one alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of
 # its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
-test: chromium $(VENV)/.installed
+test: chromium prometheus $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-all
 
 test-all: lint test-sqlite test-postgres

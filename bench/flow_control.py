@@ -42,8 +42,9 @@ def prepare(tree: Path, name: str) -> str:
 def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type: str) -> float:
     run_sql(
         url,
+        # CASCADE: the tables that reference the jobs, whichever the checkout has
         "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_eventjob, "
-        "feishu_inbox_partition",
+        "feishu_inbox_partition CASCADE",
         [],
     )
     run_sql(

@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from django.db import DatabaseError, DataError, close_old_connections
 
+from .. import telemetry
 from ..conf import LOOPBACK_HOSTS, InboxSettings, openapi_base_url
 from ..errors import InboxError
 from . import frames, inbound, protocol
@@ -489,9 +490,11 @@ class Connection:
                 exc.code,
                 exc.message,
             )
+            telemetry.DELIVERIES.labels(self.app, "long_connection", exc.code).inc()
             outcome = Outcome(200)
         except Exception:
             log.exception("app %s: event %s not stored; no success ACK", self.app, message_id)
+            telemetry.DELIVERIES.labels(self.app, "long_connection", "not_stored").inc()
             outcome = Outcome(500)
         await self._ack(ws, frame, outcome, received)
 
@@ -506,6 +509,7 @@ class Connection:
         if envelope.event_type == protocol.CARD_ACTION:
             budget = min(self.conf.CARD_CALLBACK_BUDGET_SECONDS, deadline - time.monotonic())
             answer = await asyncio.to_thread(inbound.answer_card, self.app, envelope, budget)
+            telemetry.DELIVERIES.labels(self.app, "long_connection", "card_action").inc()
             return Outcome(200, answer)
         keys = protocol.keys_for(envelope)
         partition = inbound.partition_of(self.app, keys)
@@ -515,7 +519,7 @@ class Connection:
             if time.monotonic() > deadline:  # its ACK is gone already: let Feishu redeliver
                 return None
             close_old_connections()  # a connection broken by an outage is replaced
-            return inbound.store(self.app, envelope, keys).created
+            return inbound.store(self.app, envelope, keys, transport="long_connection").created
 
         async def in_order() -> bool | None:
             """Stored after the chat's previous event, or not at all: when that one is not
@@ -543,6 +547,7 @@ class Connection:
                 self.app,
                 self.conf.ACK_BUDGET_SECONDS,
             )
+            telemetry.DELIVERIES.labels(self.app, "long_connection", "not_stored").inc()
             return Outcome(500)
         except DataError as exc:  # its first line only: the others quote the payload
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -556,6 +561,7 @@ class Connection:
                 self.app,
                 type(exc).__name__,
             )
+            telemetry.DELIVERIES.labels(self.app, "long_connection", "not_stored").inc()
             return Outcome(500)
         if created is None:
             log.error(
@@ -564,6 +570,7 @@ class Connection:
                 envelope.event_id,
                 self.app,
             )
+            telemetry.DELIVERIES.labels(self.app, "long_connection", "not_stored").inc()
             return Outcome(500)
         self.status.events += 1
         self.status.last_event_at = time.time()

@@ -18,6 +18,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
+from .. import telemetry
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
 from . import protocol
@@ -28,7 +29,11 @@ _card_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="feishu-card")
 
 
 def store(
-    app: str, envelope: protocol.Envelope, keys: protocol.EventKeys | None = None
+    app: str,
+    envelope: protocol.Envelope,
+    keys: protocol.EventKeys | None = None,
+    *,
+    transport: str = "webhook",
 ) -> EnqueueResult:
     """Store ``envelope`` once for ``app`` (with ``keys``, or the ones its type's key function
     gives); raises ``ProtocolError`` for keys no database can store, Django's ``DataError``
@@ -44,9 +49,11 @@ def store(
         payload=envelope.body,
         payload_json=envelope.raw,
     )
+    answer = "stored" if result.created else "duplicate"
+    telemetry.DELIVERIES.labels(app, transport, answer).inc()
     log.info(
         "%s event %s (%s, app %s) as job %s",
-        "stored" if result.created else "duplicate",
+        answer,
         envelope.event_id,
         envelope.event_type,
         app,

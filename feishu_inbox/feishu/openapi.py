@@ -30,10 +30,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from .. import telemetry
 from ..conf import checked_settings, openapi_base_url
 from ..errors import (
     ConfigurationError,
@@ -345,20 +347,26 @@ def call(app: str, what: str, make_request: Any) -> Any:
     c = _client(creds)
     for fresh_token in (False, True):
         option = RequestOption.builder().headers({"Content-Type": JSON_CONTENT_TYPE})
+        request = make_request()
+        api = _api_name(request)
+        started = time.monotonic()
         try:
             _ensure_token(creds, c)
             # Client.request (the SDK's generic call) keeps the raw answer (status, headers)
             # of one that is not JSON, a 500 page; im.v1.message.create raises ValueError.
-            raw = c.request(make_request(), option.build()).raw
+            raw = c.request(request, option.build()).raw
         except ObtainAccessTokenException as exc:
+            _count(app, api, "token_refused", started)
             raise _token_error(creds, exc) from exc
         except requests.RequestException as exc:
+            _count(app, api, "transient", started)
             raise FeishuTransientError(
                 f"Could not {what} (app {app!r}): {type(exc).__name__}: {exc}",
                 app=app,
                 maybe_applied=True,
             ) from exc
         except (ValueError, UnmarshalException) as exc:  # "JSON" the SDK could not read
+            _count(app, api, "transient", started)
             raise FeishuTransientError(
                 f"Feishu's answer to a request to {what} (app {app!r}) is unreadable: "
                 f"{type(exc).__name__}: {exc}",
@@ -366,6 +374,7 @@ def call(app: str, what: str, make_request: Any) -> Any:
                 maybe_applied=True,
             ) from exc
         answer = _Answer.of(raw)
+        _count(app, api, answer.result(), started)
         if answer.code == TOKEN_INVALID_CODE and not fresh_token:
             log.warning("Feishu app %r: the tenant token was refused; fetching a new one", app)
             _forget_token(creds.app_id)  # revoked or rotated early: fetch a new one, once
@@ -375,6 +384,18 @@ def call(app: str, what: str, make_request: Any) -> Any:
     if error:
         raise error
     return answer.data
+
+
+def _api_name(request: Any) -> str:
+    """A request's method and path template ("POST /open-apis/im/v1/messages"): a metric's
+    label, without ids (the SDK keeps ``:message_id`` in ``uri`` and the value in ``paths``)."""
+    method = getattr(request.http_method, "name", str(request.http_method))
+    return f"{method} {request.uri}"
+
+
+def _count(app: str, api: str, result: str, started: float) -> None:
+    telemetry.OPENAPI_REQUESTS.labels(app, api, result).inc()
+    telemetry.OPENAPI_SECONDS.labels(api).observe(time.monotonic() - started)
 
 
 def _ensure_token(creds: Credentials, c: Any) -> None:
@@ -443,6 +464,16 @@ class _Answer:
             body = None
         headers = {str(k).lower(): str(v) for k, v in (raw.headers or {}).items()}
         return cls(raw.status_code, headers, body, text)
+
+    def result(self) -> str:
+        """What the answer was, for the metrics: ok, rate_limited, transient or refused."""
+        if self.status is not None and 200 <= self.status < 300 and self.code == 0:
+            return "ok"
+        if self.status == 429 or self.code == RATE_LIMITED_CODE:
+            return "rate_limited"
+        if self.status is None or self.status >= 500 or self.code is None:
+            return "transient"
+        return "refused"
 
     @property
     def code(self) -> int | None:

@@ -19,6 +19,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
+from .. import telemetry
 from ..conf import InboxSettings, checked_settings
 from . import inbound, protocol
 from .protocol import ProtocolError
@@ -47,6 +48,7 @@ class EventWebhook(View):
         secrets = conf.APPS.get(app)
         if secrets is None:
             log.warning("refused delivery for unknown app %r", app)
+            telemetry.DELIVERIES.labels("", "webhook", "unknown_app").inc()  # not its name
             return _error("unknown_app", f"No Feishu app {app!r} is configured here.", 404)
         try:
             body = self._read_body(request, conf)
@@ -59,6 +61,7 @@ class EventWebhook(View):
                 exc.message,
                 extra={"remote_addr": request.META.get("REMOTE_ADDR")},
             )
+            telemetry.DELIVERIES.labels(app, "webhook", exc.code).inc()
             return _error(exc.code, exc.message, exc.status)
         except DataError as exc:
             # The database refuses this payload (e.g. a \u0000 escape in jsonb): redelivery
@@ -69,9 +72,11 @@ class EventWebhook(View):
                 app,
                 str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
             )
+            telemetry.DELIVERIES.labels(app, "webhook", "unstorable_payload").inc()
             return _error("unstorable_payload", "The event cannot be stored as JSON.", 400)
         except DatabaseError as exc:
             log.error("database unavailable, asking Feishu to redeliver: %s", type(exc).__name__)
+            telemetry.DELIVERIES.labels(app, "webhook", "database_unavailable").inc()
             response = _error(
                 "database_unavailable", "The event could not be stored; retry later.", 503
             )
@@ -124,8 +129,10 @@ class EventWebhook(View):
         envelope = delivery.envelope
         if envelope is None:
             log.info("answered URL verification for app %s", app)
+            telemetry.DELIVERIES.labels(app, "webhook", "challenge").inc()
             return JsonResponse({"challenge": delivery.challenge})
         if envelope.event_type == protocol.CARD_ACTION:
+            telemetry.DELIVERIES.labels(app, "webhook", "card_action").inc()
             return self._card_action(app, envelope, conf)
 
         result = inbound.store(app, envelope)

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.db import connection
 
+from .. import telemetry
 from ..conf import checked_settings
 from ..errors import (
     Cancelled,
@@ -88,8 +89,9 @@ class ClaimedJob:
     lease_until: datetime
     #: A step of this job was recorded before: its memo is worth reading (SPEC §7).
     has_steps: bool = False
-    #: When the ledger stored it.
+    #: When the ledger stored it, and when it was due (this attempt's ``available_at``).
     received_at: datetime | None = None
+    due_at: datetime | None = None
 
     @property
     def id(self) -> int:
@@ -108,6 +110,7 @@ class ClaimedJob:
             lease_until=aware(row["lease_until"]),
             has_steps=bool(row["has_steps"]),
             received_at=aware(row.get("received_at")),
+            due_at=aware(row.get("available_at")),
         )
 
 
@@ -197,6 +200,8 @@ def expire_leases(limit: int = 100) -> int:
     expired = store().expire_leases(max_attempts=checked_settings().MAX_ATTEMPTS, limit=limit)
     for row in expired:
         log.warning("job %(id)s lease expired: now %(status)s (partition %(partition_key)s)", row)
+    if expired:
+        telemetry.LEASE_EXPIRIES.inc(len(expired))
     return len(expired)
 
 

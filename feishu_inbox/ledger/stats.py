@@ -69,24 +69,27 @@ class Stats:
 EXACT_COUNT_LIMIT = 200_000
 
 
-def stats() -> Stats:
+def stats(*, count_completed: bool = True) -> Stats:
     """Queue statistics (SPEC §3): counts per state, due vs delayed, oldest due age, blocked.
 
     ``due``: queued/retry-wait jobs whose time has come (some may wait behind their
     partition's head); ``delayed``: retry-wait jobs not yet due; ``oldest_due_age_seconds``:
     how long the oldest claimable head has been due (how far workers lag).
+    ``count_completed=False`` reads no completed row at all (the metrics: their count is 0).
     """
     ledger_store = store()
     # Unresolved states are few and counted exactly; completed jobs are counted exactly only
     # while the ledger is small, else estimated (no full scan on every dashboard refresh).
     counts = {s.value: 0 for s in Status}
     counts.update(ledger_store.count_unresolved())
-    rows_estimate = ledger_store.estimate_jobs()
-    estimated = rows_estimate is not None and rows_estimate > EXACT_COUNT_LIMIT
-    if rows_estimate is not None and estimated:
-        counts[Status.COMPLETED] = max(0, rows_estimate - sum(counts.values()))
-    else:
-        counts[Status.COMPLETED] = ledger_store.count_completed()
+    estimated = False
+    if count_completed:
+        rows_estimate = ledger_store.estimate_jobs()
+        estimated = rows_estimate is not None and rows_estimate > EXACT_COUNT_LIMIT
+        if rows_estimate is not None and estimated:
+            counts[Status.COMPLETED] = max(0, rows_estimate - sum(counts.values()))
+        else:
+            counts[Status.COMPLETED] = ledger_store.count_completed()
     due, delayed = ledger_store.due_and_delayed()
     oldest = ledger_store.oldest_due()
     now = ledger_store.now()

@@ -70,6 +70,8 @@ class JobContext:
     #: and the exception that ended it (None: the handler returned), inside the ``except``
     #: block of that exception (the django.tasks backend sends ``task_finished`` from it).
     on_end: Callable[[str, BaseException | None], None] | None = None
+    #: The exception that ended the attempt (None: the handler returned), once it ended.
+    ended_by: BaseException | None = None
     #: When (monotonic) the attempt times out (its handler's ``timeout``; None: never); set
     #: once the worker stopped it, so the handler's next checkpoint raises too.
     deadline: float | None = None

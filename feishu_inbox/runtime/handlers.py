@@ -21,6 +21,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .. import telemetry
 from ..errors import (
     Cancelled,
     DuplicateEffect,
@@ -157,6 +158,7 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
         raise
     ctx.effects_in_flight = in_flight
     ctx.effects_started = True
+    telemetry.EFFECTS.labels("started").inc()
     if idempotent is not None:
         ctx.idempotent_names.add(idempotent.name)
     event = ctx.event
@@ -188,6 +190,7 @@ def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
             raise
     else:
         ctx.effects_in_flight = in_flight
+        telemetry.EFFECTS.labels("done" if exc_type is None else "uncertain").inc()
 
 
 def in_db_thread(fn: Callable[..., T], *args: Any) -> T:

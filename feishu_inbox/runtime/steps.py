@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from .. import telemetry
 from ..errors import DuplicateStep, LedgerError
 from . import context, handlers, writes
 
@@ -133,6 +134,7 @@ def memoized(ctx: context.JobContext, name: str) -> tuple[bool, Any]:
             else {}
         )
     if name in ctx.memo:
+        telemetry.STEPS.labels("memoized").inc()
         return True, ctx.memo[name]
     return False, None
 
@@ -159,6 +161,7 @@ def record(ctx: context.JobContext, name: str, value: Any, took: float) -> Any:
             ctx.lease, name=name, result=text, took=took, retrying=retrying
         ),
     )
+    telemetry.STEPS.labels("recorded").inc()
     decoded = json.loads(text)
     if ctx.memo is not None:
         ctx.memo[name] = decoded

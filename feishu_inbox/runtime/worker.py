@@ -35,13 +35,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import partial
 from types import FrameType
 from typing import Any, Protocol
 
 from django.db import DatabaseError, close_old_connections, connections
 
+from .. import telemetry
 from ..conf import checked_settings
 from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, TimedOut
 from ..ledger import limits, pauses, retention
@@ -439,10 +440,12 @@ class Worker:
             )
             self._claim_token = None
         except DatabaseError as exc:
+            telemetry.CLAIMS.labels("error").inc()
             self._database_away("claim", exc, since=sent)
             return []
         self._db_backoff = 0.0
         self._db_away_since = None
+        telemetry.CLAIMS.labels("jobs" if jobs else "empty").inc()
         return [(job, sent) for job in jobs]
 
     def _database_away(self, doing: str, exc: DatabaseError, *, since: float | None = None) -> None:
@@ -484,6 +487,7 @@ class Worker:
     # --- one job -----------------------------------------------------------------------------
 
     def _context(self, job: ledger.ClaimedJob, sent: float) -> context.JobContext:
+        _count_start(job)
         event = context.Event(
             job_id=job.id,
             event_id=job.event_id,
@@ -539,6 +543,9 @@ class Worker:
                 if ctx.abandoned:  # the worker timed it out; its thread is back
                     self._abandoned -= 1
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            took = time.monotonic() - started
+            telemetry.JOBS_FINISHED.labels(event.event_type, _outcome_label(ctx, outcome)).inc()
+            telemetry.HANDLER_SECONDS.labels(event.event_type).observe(took)
             self._slots.free(ctx, successor=following)
             log.info(
                 "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
@@ -548,7 +555,7 @@ class Worker:
                 event.partition_key,
                 event.attempt,
                 outcome,
-                (time.monotonic() - started) * 1000,
+                took * 1000,
             )
         return following
 
@@ -730,6 +737,7 @@ class Worker:
     ) -> tuple[str, context.JobContext | None]:
         """Tell the job's ``on_end`` (a task's signals) how its attempt ended; what it raises
         is logged, never the worker's concern."""
+        ctx.ended_by = error
         if ctx.on_end is not None:
             try:
                 ctx.on_end(result[0], error)
@@ -841,12 +849,15 @@ class Worker:
             _check_connection()
             ledger.renew(ctx.lease, lease_seconds=self.lease_seconds)
             ctx.renewed_at = sent
+            telemetry.RENEWALS.labels("renewed").inc()
         except LeaseLost as exc:
             if ctx.ending:  # the job's own end landed first; a real loss, the end reports
                 log.debug("job %s: not renewed, it is ending (%s)", ctx.event.job_id, exc)
                 return
+            telemetry.RENEWALS.labels("lost").inc()
             ctx.mark_lost(str(exc))
         except DatabaseError as exc:
+            telemetry.RENEWALS.labels("error").inc()
             writes.drop_connection()
             # Tried again next tick; past our own estimate of the deadline, the lease is gone.
             if ctx.lease_left() <= 0:
@@ -955,6 +966,19 @@ class Worker:
         )
         self.stop()
 
+    def health(self) -> tuple[bool, str]:
+        """Whether this worker is ready (its claims reach the database), in words: what
+        ``/healthz`` answers (503 when not)."""
+        busy = f"{len(self._slots)} of {self.options.concurrency} slots busy"
+        if self._done.is_set():
+            return False, f"worker {self.worker_id} has stopped"
+        if self._stop.is_set():
+            return False, f"worker {self.worker_id} is stopping; {busy}"
+        if self._db_away_since is not None:
+            away = time.monotonic() - self._db_away_since
+            return False, f"worker {self.worker_id}: the database unreachable for {away:.0f}s"
+        return True, f"ok: worker {self.worker_id}, {busy}"
+
     def stop(self) -> None:
         """Stop claiming (and ticking schedules); ``run`` then drains and returns."""
         self._stop.set()
@@ -992,6 +1016,29 @@ class Worker:
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:
     return ledger.hand_back(lease, retrying=retrying)
+
+
+def _count_start(job: ledger.ClaimedJob) -> None:
+    """A claimed job starts: counted, and how long it waited since it was due (by this
+    host's clock against the database's due time: the same host, or NTP-close ones)."""
+    telemetry.CLAIMED_JOBS.inc()
+    if job.due_at is not None:
+        waited = (datetime.now(timezone.utc) - job.due_at).total_seconds()
+        telemetry.WAIT_SECONDS.labels(job.event_type).observe(max(0.0, waited))
+
+
+#: The worker's outcomes (the ledger's state after the attempt) as the metrics name them.
+_OUTCOMES = {"retry_wait": "retried", "queued": "deferred", "running": "deferred"}
+
+
+def _outcome_label(ctx: context.JobContext, outcome: str) -> str:
+    if ctx.timed_out.is_set():
+        return "timed_out"
+    if outcome == "completed" and isinstance(ctx.ended_by, Superseded):
+        return "superseded"
+    if outcome == "completed" and isinstance(ctx.ended_by, Cancelled):
+        return "cancelled"
+    return _OUTCOMES.get(outcome, outcome)
 
 
 def _closing(target: Callable[[], None]) -> Callable[[], None]:

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
+from .. import telemetry
 from ..errors import LeaseLost
 from .context import JobContext
 
@@ -57,6 +58,7 @@ def write(ctx: JobContext, doing: str, op: Callable[[bool], T]) -> T:
                 str(exc).strip() or type(exc).__name__,
                 left,
             )
+            telemetry.WRITE_RETRIES.inc()
             time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
             delay, retrying = min(delay * 2, RETRY_LONGEST_DELAY), True
 

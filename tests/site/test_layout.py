@@ -24,6 +24,7 @@ LAYERS = {
     "feishu": 4,
     "schedules": 4,
     "tasks": 4,
+    "monitoring": 4,
     "admin": 5,
     "management": 5,
     "templatetags": 5,
@@ -31,7 +32,10 @@ LAYERS = {
 LEAVES = {"errors", "conf", "models", "task_jobs", "telemetry"}
 WIRING = {"__init__", "apps", "checks", "urls"}
 #: Imports across one layer's folders, each one way only.
-SIDEWAYS = {("schedules", "tasks")}  # a schedule may run a django.tasks task
+SIDEWAYS = {
+    ("schedules", "tasks"),  # a schedule may run a django.tasks task
+    ("monitoring", "schedules"),  # the schedules' next and last occurrence are metrics
+}
 
 
 def modules() -> dict[str, Path]:

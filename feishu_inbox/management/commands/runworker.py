@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
-from feishu_inbox import schedules
+from feishu_inbox import monitoring, schedules
 from feishu_inbox.errors import ConfigurationError
 from feishu_inbox.feishu import openapi
 from feishu_inbox.ledger.kinds import queue_prefix
@@ -55,6 +55,18 @@ class Command(BaseCommand):
             type=float,
             default=30.0,
             help="on SIGTERM, how long running handlers may finish (30)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve Prometheus metrics on http://HOST:PORT/metrics (and /healthz)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="the address --metrics-port listens on (127.0.0.1; 0.0.0.0 for every one)",
         )
         parser.add_argument(
             "--queue",
@@ -110,7 +122,12 @@ class Command(BaseCommand):
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         log_handlers(worker.handlers)
-        worker.run()
+        server = self._metrics(options, worker)
+        try:
+            worker.run()
+        finally:
+            if server is not None:
+                server.stop()
         if worker.gave_up:
             raise CommandError(
                 f"runworker --burst gave up: the database was unreachable for "
@@ -123,6 +140,32 @@ class Command(BaseCommand):
             log.warning("worker %s: starting again (os.execv)", worker.worker_id)
             logging.shutdown()
             os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606
+
+    def _metrics(self, options: dict[str, Any], worker: Worker) -> Any:
+        """The metrics server of ``--metrics-port``, started; None without the option."""
+        port = options["metrics_port"]
+        if port is None:
+            return None
+        if not 0 <= port <= 65535:
+            raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
+        if not monitoring.available():
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'feishu-inbox[metrics]'."
+            )
+        try:
+            server = monitoring.serve(options["metrics_host"], port, worker.health)
+        except OSError as exc:
+            raise CommandError(
+                f"--metrics-port {port}: cannot listen on {options['metrics_host']}:{port} "
+                f"({exc.strerror or exc}). Choose a free port."
+            ) from exc
+        log.info(
+            "worker %s: metrics on http://%s:%s/metrics, health on /healthz",
+            worker.worker_id,
+            options["metrics_host"],
+            server.port,
+        )
+        return server
 
 
 def worker_services() -> Services:
