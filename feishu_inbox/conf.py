@@ -89,6 +89,11 @@ class InboxSettings:
     FEISHU_RATE_LIMITS: dict[str, float | None] = field(
         default_factory=lambda: {"chat": 5.0, "user": 5.0, "app": 50.0}
     )
+    #: Who may read the web process's ``metrics/`` view besides staff users: a bearer token
+    #: (``Authorization: Bearer <token>``; empty: none) and client networks ("10.0.0.0/8",
+    #: "127.0.0.1"). With neither, only a logged-in staff user may.
+    METRICS_TOKEN: str = ""
+    METRICS_ALLOW: list[str] = field(default_factory=list)
     #: Schedules whose target is named by dotted path: name -> {"cron", "handler", "tz",
     #: "catch_up", "max_catch_up", "partition"}; checked by ``schedules`` (E004).
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -173,6 +178,14 @@ class InboxSettings:
                     )
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
+        if not isinstance(self.METRICS_TOKEN, str):
+            problems.append("METRICS_TOKEN must be a string (a bearer token; empty: none).")
+        elif self.METRICS_TOKEN and len(self.METRICS_TOKEN) < 16:
+            problems.append(
+                f"METRICS_TOKEN is {len(self.METRICS_TOKEN)} characters; use at least 16 "
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')."
+            )
+        problems += metrics_allow_problems(self.METRICS_ALLOW)
         return problems
 
 
@@ -276,3 +289,18 @@ def checked_settings() -> InboxSettings:
         raise ConfigurationError(" ".join(problems))
     _checked[0], _checked[1] = raw, conf
     return conf
+
+
+def metrics_allow_problems(allow: object) -> list[str]:
+    """What is wrong with METRICS_ALLOW (a list of networks), as sentences."""
+    import ipaddress
+
+    if not isinstance(allow, list | tuple) or not all(isinstance(a, str) for a in allow):
+        return [f"METRICS_ALLOW must be a list of networks, e.g. ['10.0.0.0/8'] (got {allow!r})."]
+    problems = []
+    for network in allow:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            problems.append(f"METRICS_ALLOW: {network!r} is not a network (e.g. 10.0.0.0/8).")
+    return problems

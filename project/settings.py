@@ -6,6 +6,7 @@ DEBUG, SECRET_KEY, ALLOWED_HOSTS
 FEISHU_ENCRYPT_KEY, FEISHU_VERIFICATION_TOKEN   the default Feishu app's secrets
 FEISHU_APP_ID, FEISHU_APP_SECRET, FEISHU_DOMAIN  its Open API credentials and domain (to reply)
 FEISHU_INBOX_HANDLERS   comma-separated dotted paths of handler modules
+FEISHU_INBOX_METRICS_TOKEN, FEISHU_INBOX_METRICS_ALLOW   who may read /feishu/metrics/
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ FEISHU_INBOX: dict[str, object] = {
     "LEASE_SECONDS": env.float("FEISHU_INBOX_LEASE_SECONDS", default=60.0),
     "POLL_INTERVAL": env.float("FEISHU_INBOX_POLL_INTERVAL", default=1.0),
     "PURGE_INTERVAL": env.float("FEISHU_INBOX_PURGE_INTERVAL", default=300.0),
+    # Who may read /feishu/metrics/ besides staff (README "Monitoring").
+    "METRICS_TOKEN": env.str("FEISHU_INBOX_METRICS_TOKEN", default=""),
+    "METRICS_ALLOW": env.list("FEISHU_INBOX_METRICS_ALLOW", default=[]),
     "APPS": {
         "default": {
             "ENCRYPT_KEY": env.str("FEISHU_ENCRYPT_KEY", default=""),
