@@ -5,22 +5,26 @@ outcome; never a chat, job or event id).
 The instruments live in ``prometheus_client``'s default registry (the ``metrics`` extra), so a
 site's own metrics and gunicorn's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) work as
 with any Python app; without the package every instrument is a no-op that costs one method
-call. The ledger's own gauges (jobs per state, the oldest due job, blocked chats) are not
-here: they are read from the database when scraped (``monitoring/``).
+call, and so with ``FEISHU_INBOX_METRICS=off`` in the environment. The ledger's own gauges
+(jobs per state, the oldest due job, blocked chats) are not here: they are read from the
+database when scraped (``monitoring/``).
 
 A leaf: this module imports nothing of the package, so every layer may count.
 """
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import Any
 
-prometheus_client: Any
-try:
-    prometheus_client = import_module("prometheus_client")
-except ImportError:  # the metrics extra is not installed: count nothing
-    prometheus_client = None
+prometheus_client: Any = None
+#: FEISHU_INBOX_METRICS=off (or 0) counts nothing even where the package is installed.
+if os.environ.get("FEISHU_INBOX_METRICS", "on").lower() not in ("0", "off", "false", "no"):
+    try:
+        prometheus_client = import_module("prometheus_client")
+    except ImportError:  # the metrics extra is not installed: count nothing
+        prometheus_client = None
 
 #: Handler and Open API durations: from a fast handler's few milliseconds to an LLM call's
 #: minutes.
