@@ -41,7 +41,9 @@ def run_two(
     stored: list[str] = []
     release = threading.Event()
 
-    def store(app: str, envelope: protocol.Envelope, keys: Any = None) -> EnqueueResult:
+    def store(
+        app: str, envelope: protocol.Envelope, keys: Any = None, **where: Any
+    ) -> EnqueueResult:
         if envelope.event_id == "A":
             if first == "fail":
                 raise OperationalError("the database is away")

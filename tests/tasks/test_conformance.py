@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +21,10 @@ from django.test.utils import CaptureQueriesContext
 
 from feishu_inbox.tasks import InvalidLedgerTask
 from feishu_inbox.tasks.framework import framework
-from tests.support import worker_handlers
 from tests.support import worker_tasks as t
 from tests.support.outages import database_away
 from tests.support.processes import ROOT, subprocess_env
+from tests.tasks.test_tasks import _log_in_tmp, run_worker
 
 fw = framework()
 Status = fw.TaskResultStatus
@@ -33,15 +32,7 @@ Status = fw.TaskResultStatus
 LOGGER = "django.tasks" if fw.package == "django.tasks" else "django_tasks"
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _log_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_handlers, "DIR", tmp_path)
-
-
-def run_worker(*args: str) -> None:
-    call_command("runworker", "--burst", "-v", "0", *args)
+__all__ = ["_log_in_tmp"]  # the tasks' log in the test's directory (an autouse fixture)
 
 
 @pytest.fixture
