@@ -46,16 +46,33 @@ class _Nothing:
         pass
 
 
+class _Labelled:
+    """A labelled instrument whose children are kept by label values: ``labels()`` on the hot
+    path is one dict lookup instead of prometheus_client's checks and lock (a race makes the
+    same child twice: prometheus_client returns one object per label values)."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        found = self._children.get(values)
+        if found is None:
+            found = self._children[values] = self._metric.labels(*values)
+        return found
+
+
 def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
     if prometheus_client is None:
         return _Nothing()
-    return prometheus_client.Counter(name, doc, labels)
+    metric = prometheus_client.Counter(name, doc, labels)
+    return _Labelled(metric) if labels else metric
 
 
 def _histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
     if prometheus_client is None:
         return _Nothing()
-    return prometheus_client.Histogram(name, doc, labels, buckets=buckets)
+    return _Labelled(prometheus_client.Histogram(name, doc, labels, buckets=buckets))
 
 
 ENABLED = prometheus_client is not None

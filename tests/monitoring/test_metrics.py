@@ -22,6 +22,7 @@ from tests.support.worker_helpers import Workers, enqueue
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HERE = Path(__file__).resolve().parent
+DASHBOARD = HERE.parents[1] / "feishu_inbox" / "monitoring" / "grafana" / "feishu_inbox.json"
 COMPLETED, UNKNOWN = 17, 3
 
 
@@ -91,6 +92,17 @@ def test_prometheus_stores_what_the_worker_did_and_the_ledger_says(workers: Work
         assert prom.value('feishu_inbox_ledger_jobs{state="queued"}') == counts["queued"] == 0
         assert prom.value("feishu_inbox_ledger_up") == 1
         assert (prom.value("feishu_inbox_ledger_oldest_blocked_seconds") or 0) >= 0
+
+        # Every query of the shipped Grafana dashboard is valid PromQL over these series,
+        # and those of the ledger's state find them.
+        dashboard = json.loads(DASHBOARD.read_text())
+        empty = []
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expression = target["expr"].replace("$__rate_interval", "1m")
+                if not prom.query(expression) and "rate(" not in expression:
+                    empty.append(expression)  # a rate needs two scrapes of a change
+        assert empty == [], empty
 
     status, body = fetch(f"http://127.0.0.1:{port}/metrics")
     assert status == 200
