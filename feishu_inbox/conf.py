@@ -39,6 +39,11 @@ class InboxSettings:
     #: Workers purge by themselves, one at a time, at most this often (seconds); ``None``
     #: leaves retention to ``manage.py inbox purge`` run from cron.
     PURGE_INTERVAL: float | None = 300.0
+    #: Each worker writes its heartbeat row this often (seconds); it is lost after three
+    #: intervals without one, and a lost or stopped worker's row is deleted after
+    #: WORKER_RETENTION (a timedelta).
+    WORKER_BEAT_SECONDS: float = 5.0
+    WORKER_RETENTION: timedelta = timedelta(hours=1)
     #: PostgreSQL: prepare the statements sent for every job (enqueue, claim, end of attempt)
     #: on the server, so each connection parses and plans them once. Set False behind a
     #: connection pooler that cannot keep prepared statements (PgBouncer before 1.21 in
@@ -176,6 +181,14 @@ class InboxSettings:
                         f"FEISHU_RATE_LIMITS[{name!r}] must be a number of requests per second "
                         f"> 0, or None for no limit (got {rate!r})."
                     )
+        beat = self.WORKER_BEAT_SECONDS
+        if isinstance(beat, bool) or not isinstance(beat, int | float) or not beat > 0:
+            problems.append(f"WORKER_BEAT_SECONDS must be > 0 (got {beat!r}).")
+        kept = self.WORKER_RETENTION
+        if not isinstance(kept, timedelta) or kept.total_seconds() <= 0:
+            problems.append(
+                f"WORKER_RETENTION must be a positive timedelta (got {self.WORKER_RETENTION!r})."
+            )
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
         if not isinstance(self.METRICS_TOKEN, str):
@@ -260,7 +273,9 @@ def unknown_keys() -> list[str]:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("COMPLETED_RETENTION", "UNKNOWN_RETENTION") and isinstance(value, int | float):
+    if name in ("COMPLETED_RETENTION", "UNKNOWN_RETENTION", "WORKER_RETENTION") and isinstance(
+        value, int | float
+    ):
         return timedelta(seconds=value)
     return value
 

@@ -8,6 +8,7 @@
 ``Maintenance``  chores the workers share (the retention purge), one row each.
 ``Schedule``   one row per declared schedule: its watermark and whether it is paused.
 ``CardStream`` one row per streamed reply of a job: its card, message, sequence and text.
+``WorkerBeat`` one row per worker process: who it is and when it last said it was alive.
 
 State changes happen only through ``ledger/rules.py`` (its SQL lives in ``store/``).
 """
@@ -515,3 +516,31 @@ class Pause(models.Model):
 
     def __str__(self) -> str:
         return f"paused {self.get_kind_display()} {self.value}"
+
+
+class WorkerBeat(models.Model):
+    """A worker process's heartbeat (``ledger/workers.py``): written when it starts, every
+    ``WORKER_BEAT_SECONDS`` while it runs, and when it stops. A worker whose beat is older than
+    three intervals is lost (killed, its host gone); the row of a lost or stopped worker is
+    deleted after ``WORKER_RETENTION``."""
+
+    worker_id = models.CharField(max_length=128, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    version = models.CharField(max_length=32)
+    #: Its slots, and how many ran a job at its last beat.
+    concurrency = models.PositiveIntegerField()
+    busy = models.PositiveIntegerField(default=0)
+    #: The task queues it runs (``runworker --queue``), comma-separated; empty: every job.
+    queues = models.CharField(max_length=255, blank=True, default="")
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField()
+    #: When it stopped cleanly (None: it runs, or it was lost).
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_beat_at"]
+        indexes = [models.Index(fields=["last_beat_at"], name="feishu_inbox_beat_last")]
+
+    def __str__(self) -> str:
+        return f"worker {self.worker_id}"

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import EventJob, Pause, Schedule
+from ..models import EventJob, Pause, Schedule, WorkerBeat
 from .jobs import EventJobAdmin
 from .pauses import PauseAdmin
 from .schedules import ScheduleAdmin
+from .workers import WorkerBeatAdmin
 
 admin.site.register(EventJob, EventJobAdmin)
 admin.site.register(Schedule, ScheduleAdmin)
 admin.site.register(Pause, PauseAdmin)
+admin.site.register(WorkerBeat, WorkerBeatAdmin)
 
-__all__ = ["EventJobAdmin", "PauseAdmin", "ScheduleAdmin"]
+__all__ = ["EventJobAdmin", "PauseAdmin", "ScheduleAdmin", "WorkerBeatAdmin"]

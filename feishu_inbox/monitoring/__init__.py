@@ -81,6 +81,7 @@ def _ledger_families() -> list[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
     from ..ledger import stats as ledger_stats
+    from ..ledger import workers as worker_beats
     from ..models import BLOCKING, EventJob, Partition, Schedule, Status
     from ..schedules import declared
 
@@ -141,9 +142,23 @@ def _ledger_families() -> list[Any]:
         "Running jobs per worker (by the ledger: a dead worker's show until their leases expire).",
         labels=["worker"],
     )
-    for worker, n in _running_per_worker():
+    beats = worker_beats.workers()
+    per_worker = dict(_running_per_worker())
+    for w in beats:  # a live worker with nothing running reads 0, not nothing
+        if w.state == "live":
+            per_worker.setdefault(w.worker_id, 0)
+    for worker, n in sorted(per_worker.items()):
         running.add_metric([worker], n)
     families.append(running)
+    states = GaugeMetricFamily(
+        "feishu_inbox_workers",
+        "Workers by the state of their heartbeat rows: live, lost (no beat for three "
+        "intervals) or stopped.",
+        labels=["state"],
+    )
+    for name in ("live", "lost", "stopped"):
+        states.add_metric([name], sum(1 for w in beats if w.state == name))
+    families.append(states)
     specs = declared()
     if specs:
         last = GaugeMetricFamily(

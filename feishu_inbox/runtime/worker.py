@@ -47,6 +47,7 @@ from ..conf import checked_settings
 from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, TimedOut
 from ..ledger import limits, pauses, retention
 from ..ledger import rules as ledger
+from ..ledger import workers as worker_beats
 from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now, seconds_until_wakeup
 from ..store import store
@@ -56,6 +57,19 @@ from . import limits as rate_limits
 from .finishing import Finish, FinishGroup
 
 log = logging.getLogger("feishu_inbox.worker")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("feishu-inbox")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
+#: The package's version, in each worker's heartbeat row.
+VERSION = _version()
 
 #: Longest sleep on PostgreSQL while the NOTIFY listener is healthy.
 LISTEN_MAX_SLEEP = 30.0
@@ -393,6 +407,7 @@ class Worker:
         left = [t.name for t in services if t.is_alive()] + [t.name for t in stuck]
         if left:
             log.warning("worker %s: threads still running at exit: %s", self.worker_id, left)
+        self._beat(last=True)
         connections.close_all()
 
     def _loop(self) -> None:
@@ -886,11 +901,19 @@ class Worker:
         self._listening = listening
 
     def _maintenance(self) -> None:
-        """The shared chores: the retention purge, when it is this worker's turn."""
-        interval = checked_settings().PURGE_INTERVAL
-        if interval is None:
-            return  # purged from cron (manage.py inbox purge)
-        while not self._done.wait(min(MAINTENANCE_TICK, interval)):
+        """This worker's heartbeat row, and the shared chores: the retention purge, when it
+        is this worker's turn. (Not in the heartbeat thread: a write that waits out a
+        database blink must never delay the leases' renewals.)"""
+        conf = checked_settings()
+        interval = conf.PURGE_INTERVAL  # None: purged from cron (manage.py inbox purge)
+        purge_every = MAINTENANCE_TICK if interval is None else min(MAINTENANCE_TICK, interval)
+        next_purge = time.monotonic() + purge_every
+        self._beat(first=True)
+        while not self._done.wait(min(conf.WORKER_BEAT_SECONDS, purge_every)):
+            self._beat()
+            if interval is None or time.monotonic() < next_purge:
+                continue
+            next_purge = time.monotonic() + purge_every
             try:
                 _check_connection()
                 retention.purge_if_due(self.worker_id)
@@ -898,6 +921,26 @@ class Worker:
                 log.warning("retention purge failed (%s); trying again later", exc)
                 writes.drop_connection()
         connections.close_all()
+
+    def _beat(self, *, first: bool = False, last: bool = False) -> None:
+        """Write this worker's heartbeat row (``ledger/workers.py``); a database that is away
+        only delays it."""
+        try:
+            _check_connection()
+            if first:
+                worker_beats.started(
+                    self.worker_id,
+                    concurrency=self.options.concurrency,
+                    queues=self.options.queues,
+                    version=VERSION,
+                )
+            elif last:
+                worker_beats.stopped(self.worker_id)
+            else:
+                worker_beats.beat(self.worker_id, busy=len(self._slots))
+        except DatabaseError as exc:
+            log.warning("worker %s: heartbeat row not written (%s)", self.worker_id, exc)
+            writes.drop_connection()
 
     def _schedules(self) -> None:
         """Tick the schedules at each occurrence. Every worker does (no leader): the

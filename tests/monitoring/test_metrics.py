@@ -91,6 +91,7 @@ def test_prometheus_stores_what_the_worker_did_and_the_ledger_says(workers: Work
         )
         assert prom.value('feishu_inbox_ledger_jobs{state="queued"}') == counts["queued"] == 0
         assert prom.value("feishu_inbox_ledger_up") == 1
+        assert prom.value('feishu_inbox_workers{state="live"}') == 1  # its heartbeat row
         assert (prom.value("feishu_inbox_ledger_oldest_blocked_seconds") or 0) >= 0
 
         # Every query of the shipped Grafana dashboard is valid PromQL over these series,

@@ -16,6 +16,7 @@ from django.utils import timezone
 from feishu_inbox import ledger
 from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
 from feishu_inbox.ledger import buckets, connections, pauses
+from feishu_inbox.ledger import workers as worker_beats
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.retention import purge
@@ -131,6 +132,10 @@ class Command(BaseCommand):
             "connections", help="The long connections of feishu_connect processes, live or lost."
         )
         conns.add_argument("--json", action="store_true")
+        beats = sub.add_parser(
+            "workers", help="The runworker processes: live, lost or stopped, and what each runs."
+        )
+        beats.add_argument("--json", action="store_true")
         for verb, what in (
             ("pause", "Hold the work of a chat, an app, an event type or a task queue."),
             ("resume", "End a pause: what it held is due now, in its order."),
@@ -248,6 +253,21 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{r['app']:<16} {r['process']:<28} {r['state']:<10} since {r['since']} "
                 f"last pong {r['last_pong_at'] or '-'} events {r['events']} {r['error']}"
+            )
+
+    def do_workers(self, options: dict[str, Any]) -> None:
+        found = worker_beats.workers()
+        if options["json"]:
+            self._print_json([w.as_dict() for w in found])
+            return
+        if not found:
+            self.stdout.write("no worker has written its heartbeat (is runworker running?)")
+        for w in found:
+            running = ", ".join(f"#{j}" for j in w.running_jobs) or "nothing"
+            self.stdout.write(
+                f"{w.worker_id:<32} {w.state:<8} {w.host}:{w.pid} v{w.version} "
+                f"{w.busy}/{w.concurrency} busy, {w.queues or 'every job'}; "
+                f"last beat {w.last_beat_at:%Y-%m-%d %H:%M:%S}; running {running}"
             )
 
     def do_pause(self, options: dict[str, Any]) -> None:
