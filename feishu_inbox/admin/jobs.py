@@ -27,6 +27,7 @@ from django.utils.timesince import timesince
 
 from ..conf import inbox_settings
 from ..ledger.idempotency import effect_key
+from ..ledger.payloads import text_without_secrets, without_secrets
 from ..models import Attempt, CardStream, EventJob, Partition, Status, Step
 from ..runtime import registry
 from .actions import ACTIONS, as_admin_action, page_context
@@ -309,9 +310,10 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
             .first()
         )
         try:
-            text = json.dumps(json.loads(raw or "{}"), indent=2, ensure_ascii=False, sort_keys=True)
+            shown = without_secrets(json.loads(raw or "{}"))
+            text = json.dumps(shown, indent=2, ensure_ascii=False, sort_keys=True)
         except (RecursionError, ValueError):
-            text = raw or ""
+            text = text_without_secrets(raw or "")
         return format_html('<pre style="white-space:pre-wrap;max-width:70em">{}</pre>', text)
 
     @admin.display(description="jobs ahead and behind in this partition")

@@ -46,3 +46,29 @@ def object_deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
                 return True
             stack.extend((child, depth + 1) for child in item)
     return False
+
+
+#: What an operator sees instead of a delivery's Verification Token (``token`` at the top of a
+#: v1 event, ``header.token`` of a v2 one): anyone who may view jobs could otherwise read the
+#: app's secret off any job page.
+REDACTED = "<redacted: the app's Verification Token>"
+_TOKEN_FIELD = re.compile(r'("token"\s*:\s*)"(?:[^"\\]|\\.)*"')
+
+
+def without_secrets(payload: Any) -> Any:
+    """The payload to show an operator: its Verification Token replaced (a copy)."""
+    if not isinstance(payload, dict):
+        return payload
+    shown = dict(payload)
+    if isinstance(shown.get("token"), str):
+        shown["token"] = REDACTED
+    header = shown.get("header")
+    if isinstance(header, dict) and isinstance(header.get("token"), str):
+        shown["header"] = {**header, "token": REDACTED}
+    return shown
+
+
+def text_without_secrets(raw: str) -> str:
+    """The same for a payload's text that is not parsed (too deep to indent): every
+    ``"token": "…"`` field's value replaced."""
+    return _TOKEN_FIELD.sub(lambda m: m.group(1) + f'"{REDACTED}"', raw)

@@ -13,6 +13,7 @@ class Reply(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        verbose_name_plural = "replies"
 
     def __str__(self) -> str:
         return f"{self.chat}: {self.text[:40]}"

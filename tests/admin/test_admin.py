@@ -443,3 +443,22 @@ def test_the_job_page_shows_its_streamed_reply(operator: Client) -> None:
     for shown in ("7355372766134157313", "om_card", "14 characters: Half an answer"):
         assert shown in html
     assert "streaming off, interrupted" in html
+
+
+def test_the_job_page_and_inbox_show_hide_the_verification_token(operator: Client) -> None:
+    from feishu_inbox.ledger.payloads import REDACTED, text_without_secrets
+
+    secret = "v-token-0123456789abcdef"
+    job = EventJobFactory(
+        payload={"schema": "2.0", "header": {"token": secret, "event_id": "e1"}, "event": {}},
+    )
+    v1 = EventJobFactory(payload={"token": secret, "type": "event_callback", "event": {}})
+    for one in (job, v1):
+        html = operator.get(f"/admin/feishu_inbox/eventjob/{one.pk}/change/").content.decode()
+        assert secret not in html and "redacted" in html
+    out = StringIO()
+    call_command("inbox", "show", str(job.pk), stdout=out)
+    assert secret not in out.getvalue() and "redacted" in out.getvalue()
+    assert EventJob.objects.get(pk=job.pk).payload["header"]["token"] == secret  # kept as stored
+    deep = '{"a": [[[{"token": "' + secret + '", "x": "\\"token\\": \\"y\\""}]]]}'
+    assert secret not in text_without_secrets(deep) and REDACTED in text_without_secrets(deep)

@@ -117,3 +117,55 @@ def test_rundemo_admin_login_page_is_styled(demo: Demo) -> None:
     assert all(rules > 0 for _, rules in sheets), sheets
     assert header not in ("", "rgba(0, 0, 0, 0)", "transparent"), header  # the admin's colours
     assert (shots / "login.png").stat().st_size > 10_000
+
+
+def test_ctrl_c_stops_the_demo_at_once_even_with_an_idle_connection_open(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C is SIGINT to the terminal's whole process group; a browser that has the admin
+    open holds an idle keep-alive connection meanwhile."""
+    import http.client
+    import os
+    import time
+
+    port = free_port()
+    env = subprocess_env(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}", STATIC_ROOT=str(tmp_path / "s")
+    )
+    env.pop("DEBUG", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    with open(tmp_path / "demo.err", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "rundemo", "--bind", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,  # its own process group, as a terminal's job is
+        )
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 60, "the demo server")
+        used = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        used.request("GET", "/admin/login/")
+        assert used.getresponse().read()  # answered; the connection stays open, idle
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.connect()  # connected, no request yet (a browser's spare connection)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(30)
+        took = time.monotonic() - started
+        idle.close()
+        used.close()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    log = (tmp_path / "demo.err").read_text(errors="replace")
+    assert took < 5, (took, log[-2000:])
+    assert "SIGKILL" not in log, log[-2000:]

@@ -19,6 +19,7 @@ from feishu_inbox.ledger import buckets, connections, pauses
 from feishu_inbox.ledger import workers as worker_beats
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
+from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
 from feishu_inbox.ledger.stats import stats as read_stats
 from feishu_inbox.models import EventJob, Status, job_as_dict
@@ -222,6 +223,7 @@ class Command(BaseCommand):
         if job is None:
             raise JobNotFound(f"There is no job {options['id']}.")
         data = job_as_dict(job, payload=True)
+        data["payload"] = without_secrets(data["payload"])  # as the admin shows it
         data["attempts"] = [
             {
                 "number": a.number,
