@@ -14,7 +14,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from feishu_inbox import ledger
-from feishu_inbox.errors import InboxError, JobNotFound, LedgerError
+from feishu_inbox.errors import ConfigurationError, InboxError, JobNotFound, LedgerError
+from feishu_inbox.feishu import deliveries
 from feishu_inbox.ledger import buckets, connections, pauses
 from feishu_inbox.ledger import workers as worker_beats
 from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
@@ -133,6 +134,19 @@ class Command(BaseCommand):
             "connections", help="The long connections of feishu_connect processes, live or lost."
         )
         conns.add_argument("--json", action="store_true")
+        send = sub.add_parser(
+            "send-test-event",
+            help="Send the webhook a text message event, encrypted and signed as Feishu does.",
+        )
+        send.add_argument(
+            "--url",
+            default="http://127.0.0.1:8000/feishu/events/",
+            help="the webhook's URL (the demo's: http://127.0.0.1:8000/feishu/events/)",
+        )
+        send.add_argument("--app", default="default", help="whose secrets sign it (default)")
+        send.add_argument("--text", default="hello from inbox send-test-event")
+        send.add_argument("--chat", default="oc_test_chat", metavar="CHAT_ID")
+        send.add_argument("--private", action="store_true", help="a direct (p2p) message")
         beats = sub.add_parser(
             "workers", help="The runworker processes: live, lost or stopped, and what each runs."
         )
@@ -256,6 +270,37 @@ class Command(BaseCommand):
                 f"{r['app']:<16} {r['process']:<28} {r['state']:<10} since {r['since']} "
                 f"last pong {r['last_pong_at'] or '-'} events {r['events']} {r['error']}"
             )
+
+    def do_send_test_event(self, options: dict[str, Any]) -> None:
+        import urllib.error
+        import urllib.request
+
+        try:
+            body, headers = deliveries.message(
+                options["app"],
+                text=options["text"],
+                chat_id=options["chat"],
+                private=options["private"],
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
+        url = options["url"]
+        if not url.startswith(("http://", "https://")):
+            raise CommandError(f"--url {url!r}: give the webhook's http:// or https:// URL.")
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - checked above
+                status, text = answer.status, answer.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            status, text = exc.code, exc.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CommandError(
+                f"Could not reach {url}: {reason}. Is the webhook served there (make demo)?"
+            ) from exc
+        if status != 200:
+            raise CommandError(f"The webhook at {url} answered {status}: {text.strip()}")
+        self.stdout.write(f"delivered to {url}: {status} {text.strip()}")
 
     def do_workers(self, options: dict[str, Any]) -> None:
         found = worker_beats.workers()
