@@ -19,7 +19,7 @@ from feishu_inbox import ledger
 from feishu_inbox.models import Attempt, EventJob
 from tests.support.fake_feishu import FakeFeishu, Fault
 from tests.support.processes import wait_for
-from tests.support.worker_helpers import Workers
+from tests.support.worker_helpers import Workers, wait_all_completed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,15 +80,7 @@ def test_replies_through_killed_workers_each_go_out_once_in_order(
         victim.wait(10)
         procs[k % 2] = workers.start(*args, **env)
 
-    def settled() -> bool:
-        connection.close()
-        return EventJob.objects.filter(status="completed").count() == MESSAGES or (
-            EventJob.objects.filter(status__in=["unknown", "failed"]).exists()
-        )
-
-    wait_for(settled, 180, "every job to complete")
-    statuses = Counter(EventJob.objects.values_list("status", flat=True))
-    assert statuses == {"completed": MESSAGES}, (statuses, workers.stderr(procs[0]))
+    wait_all_completed(MESSAGES, 180, lambda: workers.stderr(procs[0]))
 
     # Exactly one reply per message, in each chat in the order of its messages.
     replies = Counter(m.parent_id for m in fake.messages)

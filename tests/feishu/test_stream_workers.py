@@ -13,16 +13,15 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
 
 from feishu_inbox import ledger
 from feishu_inbox.feishu import streams
-from feishu_inbox.models import Attempt, EventJob
+from feishu_inbox.models import Attempt
 from tests.feishu.test_reply_workers import worker_env
 from tests.support.fake_feishu import DROP_AFTER_APPLY, FakeFeishu, Fault
 from tests.support.processes import wait_for
 from tests.support.worker_handlers import answer_words
-from tests.support.worker_helpers import Workers
+from tests.support.worker_helpers import Workers, wait_all_completed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,15 +87,7 @@ def test_streamed_replies_through_killed_workers_are_one_card_each_never_rewound
         victim.wait(10)
         procs[0] = workers.start(*args, **env)
 
-    def settled() -> bool:
-        connection.close()
-        return EventJob.objects.filter(status="completed").count() == EVENTS or (
-            EventJob.objects.filter(status__in=["unknown", "failed"]).exists()
-        )
-
-    wait_for(settled, 180, "every job to complete")
-    statuses = Counter(EventJob.objects.values_list("status", flat=True))
-    assert statuses == {"completed": EVENTS}, (statuses, workers.stderr(procs[0]))
+    wait_all_completed(EVENTS, 180, lambda: workers.stderr(procs[0]))
 
     # Exactly one reply per event, each carrying one card with the whole answer, closed.
     replies = Counter(m.parent_id for m in fake.messages)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from django.utils import timezone
@@ -82,3 +83,23 @@ def job(job_id: int) -> EventJob:
 def lease_expired(job_id: int) -> bool:
     row = job(job_id)
     return row.lease_until is not None and row.lease_until < timezone.now()
+
+
+def wait_all_completed(total: int, timeout: float, stderr: Callable[[], str]) -> None:
+    """Wait until ``total`` jobs are completed, or one ends failed or unknown (then stop
+    waiting), and assert that every job completed (``stderr``: a worker's, read at the end)."""
+    from collections import Counter
+
+    from django.db import connection
+
+    from tests.support.processes import wait_for
+
+    def settled() -> bool:
+        connection.close()
+        return EventJob.objects.filter(status="completed").count() == total or (
+            EventJob.objects.filter(status__in=["unknown", "failed"]).exists()
+        )
+
+    wait_for(settled, timeout, "every job to complete")
+    statuses = Counter(EventJob.objects.values_list("status", flat=True))
+    assert statuses == {"completed": total}, (statuses, stderr())
