@@ -72,6 +72,8 @@ class JobContext:
     on_end: Callable[[str, BaseException | None], None] | None = None
     #: The exception that ended the attempt (None: the handler returned), once it ended.
     ended_by: BaseException | None = None
+    #: Cancels an async handler's task (the worker sets it while one runs).
+    cancel_async: Callable[[], object] | None = None
     #: When (monotonic) the attempt times out (its handler's ``timeout``; None: never); set
     #: once the worker stopped it, so the handler's next checkpoint raises too.
     deadline: float | None = None

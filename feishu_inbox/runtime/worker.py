@@ -218,7 +218,9 @@ class _AsyncRunner:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def run(self, coro_fn: Callable[[], Any]) -> Any:
+    def run(self, coro_fn: Callable[[], Any], ctx: context.JobContext | None = None) -> Any:
+        """Run the coroutine on the loop and wait for it; ``ctx`` (a job's) gets the means to
+        cancel it (its timeout)."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
@@ -227,7 +229,10 @@ class _AsyncRunner:
                 )
                 self._thread.start()
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro_fn(), loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro_fn(), loop)
+        if ctx is not None:
+            ctx.cancel_async = future.cancel
+        return future.result()
 
     def close(self, timeout: float) -> None:
         """Stop the loop, its thread and its executor's threads (``asyncio.to_thread``)."""
@@ -714,7 +719,7 @@ class Worker:
                         # Raised in the event loop they would stop it for every async handler.
                         raise _HandlerExit(exc) from exc
 
-                self._async.run(call)
+                self._async.run(call, ctx)
             else:
                 fn(ctx.event)
         except Deferred as wait:
@@ -842,7 +847,11 @@ class Worker:
             state,
         )
         with self._abandoned_lock:
-            if not ctx.thread_done:  # its thread still runs the handler: it is stuck
+            if ctx.cancel_async is not None:
+                # An async handler: its task is cancelled (CancelledError at its next await)
+                # and its thread, which only waited for it, comes back at once: not stuck.
+                ctx.cancel_async()
+            elif not ctx.thread_done:  # its thread still runs the handler: it is stuck
                 ctx.abandoned = True
                 self._abandoned += 1
             abandoned = self._abandoned

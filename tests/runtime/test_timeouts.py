@@ -76,3 +76,20 @@ def test_stuck_threads_make_the_worker_start_again(workers: Workers) -> None:
     assert proc.poll() is None  # the same process (a supervisor saw no exit)
     assert workers.stderr(proc).count(" started: concurrency 2") == 2
     assert EventJob.objects.filter(status="running").count() == 0
+
+
+def test_timed_out_async_handlers_are_cancelled_not_left_stuck(workers: Workers) -> None:
+    stuck = [
+        enqueue(f"async{i}", [], partition=f"chat-a{i}", event_type="test.async_timed")
+        for i in range(2)
+    ]
+    proc = workers.start("--concurrency", "2", FEISHU_INBOX_MAX_ATTEMPTS="1", **FAST)
+    wait_for(lambda: all(job(j).status == "failed" for j in stuck), 20, "both timed out")
+    wait_for(lambda: len(workers.lines("cancelled")) == 2, 10, "both coroutines cancelled")
+    assert workers.lines("end") == []  # cancelled at their await, not run to the end
+    after = enqueue("after", ["work:0"], partition="chat-z")
+    wait_for(lambda: job(after).status == "completed", 20, "the worker to go on")
+    # Two stuck sync threads restart the worker; cancelled coroutines leave nothing stuck.
+    assert "starting again (os.execv)" not in workers.stderr(proc)
+    assert workers.stderr(proc).count(" started: concurrency 2") == 1
+    assert all(attempts(j)[0].error_type == "TimedOut" for j in stuck)

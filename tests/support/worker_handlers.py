@@ -181,3 +181,18 @@ def stream(event: Event) -> None:
             card.write(word)
             time.sleep(pace)  # the model's pace
     record("streamed", event.event_id, pid, event.attempt)
+
+
+async def async_stuck(event: Event) -> None:
+    """Awaits for a minute: a hung async call (its timeout cancels it at this await)."""
+    record("start", event.event_id, os.getpid(), time.monotonic_ns(), event.attempt)
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        record("cancelled", event.event_id, os.getpid())
+        raise
+    record("end", event.event_id, os.getpid(), time.monotonic_ns())
+
+
+#: An async handler under a timeout of 1.5 s.
+feishu_inbox.handler("test.async_timed", timeout=timedelta(seconds=1.5))(async_stuck)
