@@ -839,12 +839,13 @@ class Worker:
             return
         self.outcomes["timed_out"] = self.outcomes.get("timed_out", 0) + 1
         log.error(
-            "job %s event %s type %s: %s; the attempt ended %s, its thread is abandoned",
+            "job %s event %s type %s: %s; the attempt ended %s, its %s",
             ctx.event.job_id,
             ctx.event.event_id,
             ctx.event.event_type,
             error,
             state,
+            "coroutine is cancelled" if ctx.cancel_async is not None else "thread is abandoned",
         )
         with self._abandoned_lock:
             if ctx.cancel_async is not None:

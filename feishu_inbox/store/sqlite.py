@@ -94,10 +94,14 @@ class SqliteStore(SqlStore):
             stored = self.row("enqueue_job", job)
             if stored is None:
                 found = self.rows("duplicate_of", job)[0]
-                return {"job_id": found["id"], "created": False, **_received(found)}
+                return {
+                    "job_id": found["id"],
+                    "created": False,
+                    "received_at": found["received_at"],
+                }
             if partition["head_id"] is None:
                 self.execute("set_first_head", {**job, "job_id": stored["id"]})
-        return {"job_id": stored["id"], "created": True, **_received(stored)}
+        return {"job_id": stored["id"], "created": True, "received_at": stored["received_at"]}
 
     def claim(
         self,
@@ -221,7 +225,3 @@ class SqliteStore(SqlStore):
                 )
                 for fence, error, token in finishes
             ]
-
-
-def _received(row: Row) -> dict[str, Any]:
-    return {"received_at": row["received_at"]}

@@ -90,8 +90,6 @@ class UnserializableTaskArguments(InvalidLedgerTask, TypeError):
     framework's own backends raise for them (code written against the framework catches that),
     and the framework's ``InvalidTask``."""
 
-    code = "invalid_task"
-
 
 @contextmanager
 def ordering_key(key: str) -> Iterator[None]:
