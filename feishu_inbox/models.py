@@ -533,6 +533,8 @@ class WorkerBeat(models.Model):
     busy = models.PositiveIntegerField(default=0)
     #: The task queues it runs (``runworker --queue``), comma-separated; empty: every job.
     queues = models.CharField(max_length=255, blank=True, default="")
+    #: The task queues it leaves out (``runworker --exclude-queues``), comma-separated.
+    excluded_queues = models.CharField(max_length=255, blank=True, default="")
     started_at = models.DateTimeField()
     last_beat_at = models.DateTimeField()
     #: When it stopped cleanly (None: it runs, or it was lost).
@@ -544,3 +546,12 @@ class WorkerBeat(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.worker_id}"
+
+    @property
+    def scope(self) -> str:
+        """What it runs, in words."""
+        if self.queues:
+            return f"only tasks of {self.queues.replace(',', ', ')}"
+        if self.excluded_queues:
+            return f"every job but tasks of {self.excluded_queues.replace(',', ', ')}"
+        return "every job"

@@ -63,7 +63,7 @@ class WorkerBeatAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="queues")
     def queues_shown(self, obj: WorkerBeat) -> str:
-        return obj.queues or "every job"
+        return obj.scope
 
     @admin.display(description="running (by the ledger)")
     def running(self, obj: WorkerBeat) -> str:

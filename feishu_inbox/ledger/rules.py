@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -40,7 +40,7 @@ from ..errors import (
     truncate,
 )
 from ..models import EventJob, Status
-from ..store import Row, store
+from ..store import EVERY_KEY, KeyFilter, Row, store
 from ..store.base import aware
 from . import pauses
 from .idempotency import Idempotent, window_params, window_passed
@@ -232,10 +232,10 @@ def claim(
     lease_seconds: float | None = None,
     limit: int = 1,
     token: str | None = None,
-    key_prefixes: Sequence[str] = (),
+    keys: KeyFilter = EVERY_KEY,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` due partition heads, lowest receipt sequence first (of only the
-    partitions whose key starts with one of ``key_prefixes``, if given: task queues).
+    partitions ``keys`` takes, if given: some task queues, or all but some).
 
     Expired leases are recovered first (SPEC §3): by every claim that finds nothing, and by a
     busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds. ``token`` (default: a new
@@ -249,9 +249,9 @@ def claim(
         return []
     swept = _maybe_sweep()
     token = token or new_token()
-    rows = store().claim(worker_id, token, seconds, limit, key_prefixes)
+    rows = store().claim(worker_id, token, seconds, limit, keys)
     if not rows and not swept and expire_leases():
-        rows = store().claim(worker_id, token, seconds, limit, key_prefixes)
+        rows = store().claim(worker_id, token, seconds, limit, keys)
     return _claimed(rows, worker_id, token)
 
 
@@ -379,14 +379,14 @@ def finish_and_claim(
     note: str = "",
     token: str | None = None,
     retrying: bool = False,
-    key_prefixes: Sequence[str] = (),
+    keys: KeyFilter = EVERY_KEY,
 ) -> tuple[str, list[ClaimedJob]]:
     """``finish``, then claim up to ``limit`` next heads for the same worker.
 
     Both happen in one transaction (on PostgreSQL in one statement): one round trip and one
     commit per job instead of two, for a worker whose slot would otherwise claim again at once.
     Nothing is claimed if the lease was lost (LeaseLost is raised, as by ``finish``).
-    ``token`` is the claimed jobs' lease token, ``key_prefixes`` their filter (see ``claim``).
+    ``token`` is the claimed jobs' lease token, ``keys`` their filter (see ``claim``).
     """
     seconds = _lease_seconds(lease_seconds)
     if limit < 1:
@@ -399,7 +399,7 @@ def finish_and_claim(
         token=token,
         lease_seconds=seconds,
         limit=limit,
-        key_prefixes=key_prefixes,
+        keys=keys,
     )
     if status is None:  # lost, or a retry of a finish that landed: then find what it claimed
         return _ended_before(lease, "finish", retrying), claimed_with(lease.worker_id, token)
@@ -410,15 +410,15 @@ def finish_together(
     finishes: list[tuple[Lease, str, str]],
     *,
     lease_seconds: float | None = None,
-    key_prefixes: Sequence[str] = (),
+    keys: KeyFilter = EVERY_KEY,
 ) -> list[tuple[str | None, list[ClaimedJob]]]:
     """``ledger.finish_and_claim`` for several leases of one worker, in one transaction (on
     PostgreSQL one statement). Each is (lease, error type as ``ledger.finish`` writes it, token
     of its one next claim or "" for none) and is fenced on its own: None for one whose lease
-    was lost (nothing of it changed), the others unaffected. ``key_prefixes``: the claims take
-    only partitions whose key starts with one (a worker of some task queues)."""
+    was lost (nothing of it changed), the others unaffected. ``keys``: the partitions the claims
+    take (a worker of some task queues, or of all but some)."""
     _maybe_sweep()
-    ended = store().finish_together(finishes, _lease_seconds(lease_seconds), key_prefixes)
+    ended = store().finish_together(finishes, _lease_seconds(lease_seconds), keys)
     return [
         (status, _claimed(rows, lease.worker_id, token))
         for (lease, _, token), (status, rows) in zip(finishes, ended, strict=True)

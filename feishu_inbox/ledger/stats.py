@@ -6,7 +6,6 @@ of millions of rows and must never scan it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,13 +14,13 @@ from django.db.models import Count
 from django.utils import timezone
 
 from ..models import BLOCKING, Attempt, EventJob, Partition, PartitionState, Status
-from ..store import store
+from ..store import EVERY_KEY, KeyFilter, store
 
 
-def next_wakeup(key_prefixes: Sequence[str] = ()) -> datetime | None:
+def next_wakeup(keys: KeyFilter = EVERY_KEY) -> datetime | None:
     """The earliest time a claim may find work: a due head or a lease to expire (of only the
-    partitions whose key starts with one of ``key_prefixes``, if given: task queues)."""
-    return store().next_wakeup(key_prefixes)
+    partitions ``keys`` takes, if given: some task queues, or all but some)."""
+    return store().next_wakeup(keys)
 
 
 def database_now() -> datetime:
@@ -29,9 +28,9 @@ def database_now() -> datetime:
     return store().now()
 
 
-def seconds_until_wakeup(key_prefixes: Sequence[str] = ()) -> float | None:
+def seconds_until_wakeup(keys: KeyFilter = EVERY_KEY) -> float | None:
     """Seconds until ``next_wakeup()`` by the database's clock (negative: overdue)."""
-    wake = next_wakeup(key_prefixes)
+    wake = next_wakeup(keys)
     if wake is None:
         return None
     return (wake - database_now()).total_seconds()

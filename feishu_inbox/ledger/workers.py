@@ -24,7 +24,14 @@ from ..models import EventJob, WorkerBeat
 LOST_AFTER_BEATS = 3
 
 
-def started(worker_id: str, *, concurrency: int, queues: tuple[str, ...], version: str) -> None:
+def started(
+    worker_id: str,
+    *,
+    concurrency: int,
+    queues: tuple[str, ...],
+    version: str,
+    excluded_queues: tuple[str, ...] = (),
+) -> None:
     """The worker's row, as it starts (written again if a row of that id was left)."""
     WorkerBeat.objects.update_or_create(
         worker_id=worker_id,
@@ -35,6 +42,7 @@ def started(worker_id: str, *, concurrency: int, queues: tuple[str, ...], versio
             "concurrency": concurrency,
             "busy": 0,
             "queues": ",".join(queues)[:255],
+            "excluded_queues": ",".join(excluded_queues)[:255],
             "started_at": Now(),
             "last_beat_at": Now(),
             "stopped_at": None,
@@ -64,6 +72,9 @@ class Worker:
     concurrency: int
     busy: int
     queues: str
+    excluded_queues: str
+    #: What it runs, in words (``WorkerBeat.scope``).
+    scope: str
     started_at: datetime
     last_beat_at: datetime
     stopped_at: datetime | None
@@ -82,6 +93,7 @@ class Worker:
             "concurrency": self.concurrency,
             "busy": self.busy,
             "queues": self.queues.split(",") if self.queues else [],
+            "excluded_queues": self.excluded_queues.split(",") if self.excluded_queues else [],
             "started_at": self.started_at.isoformat(),
             "last_beat_at": self.last_beat_at.isoformat(),
             "stopped_at": self.stopped_at.isoformat() if self.stopped_at else None,
@@ -120,6 +132,8 @@ def workers(limit: int = 200) -> list[Worker]:
             concurrency=r.concurrency,
             busy=r.busy,
             queues=r.queues,
+            excluded_queues=r.excluded_queues,
+            scope=r.scope,
             started_at=r.started_at,
             last_beat_at=r.last_beat_at,
             stopped_at=r.stopped_at,

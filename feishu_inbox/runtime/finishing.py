@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ledger.rules import ClaimedJob, Lease, finish_together
+from ..ledger.rules import EVERY_KEY, ClaimedJob, KeyFilter, Lease, finish_together
 from . import writes
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -50,10 +50,10 @@ class FinishGroup:
     finish at once, and no group forms."""
 
     def __init__(
-        self, lease_seconds: float, *, in_flight: int = 1, key_prefixes: Sequence[str] = ()
+        self, lease_seconds: float, *, in_flight: int = 1, keys: KeyFilter = EVERY_KEY
     ) -> None:
         self._lease_seconds = lease_seconds
-        self._key_prefixes = tuple(key_prefixes)
+        self._keys = keys
         self._in_flight = in_flight
         self._writing = 0
         self._waiting: list[Finish] = []
@@ -97,7 +97,7 @@ class FinishGroup:
             ended = finish_together(
                 [(f.lease, f.error_type, f.token) for f in batch],
                 lease_seconds=self._lease_seconds,
-                key_prefixes=self._key_prefixes,
+                keys=self._keys,
             )
         except Exception as exc:  # each one is retried alone: one that landed is found
             log.warning("%s finishes together failed (%s); each is tried alone", len(batch), exc)

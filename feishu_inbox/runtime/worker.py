@@ -116,8 +116,10 @@ class WorkerOptions:
     grace_seconds: float = 30.0
     #: Run only django.tasks tasks of these queues (``runworker --queue``); empty: every job.
     queues: tuple[str, ...] = ()
-    #: The claims' filter for those queues: partitions whose key starts with one of these.
-    queue_prefixes: tuple[str, ...] = ()
+    #: Run every job but the tasks of these queues (``runworker --exclude-queues``).
+    excluded_queues: tuple[str, ...] = ()
+    #: The claims' filter for those queues (the start of their partitions' keys).
+    keys: ledger.KeyFilter = ledger.EVERY_KEY
     #: A ``burst`` run gives up when the database has been unreachable this long (seconds);
     #: a long-running worker keeps trying.
     database_patience: float = 30.0
@@ -149,6 +151,15 @@ class Services:
 
     warm_up: Callable[[], str] = str
     tick: Callable[[str], Ticked] | None = None
+
+
+def _scope(options: WorkerOptions) -> str:
+    """What a worker runs, in words (its start-up line)."""
+    if options.queues:
+        return f"only tasks of queues {', '.join(options.queues)}"
+    if options.excluded_queues:
+        return f"every job but tasks of queues {', '.join(options.excluded_queues)}"
+    return "every job (events, schedules, tasks of every queue)"
 
 
 def new_worker_id() -> str:
@@ -314,8 +325,8 @@ class Worker:
         self.lease_seconds = options.lease_seconds or conf.LEASE_SECONDS
         self.poll_interval = conf.POLL_INTERVAL
         self.handlers = registry.registered()
-        #: The claim's filter: partitions of these task queues only (``tasks/``).
-        self.key_prefixes = options.queue_prefixes
+        #: The claim's filter: partitions of some task queues only, or of all but some.
+        self.keys = options.keys
         self._wake = threading.Event()
         self._stop = threading.Event()  # no more claims
         self._done = threading.Event()  # threads exit
@@ -328,7 +339,7 @@ class Worker:
         self._finishes = FinishGroup(
             self.lease_seconds,
             in_flight=1 if conf.FINISH_TOGETHER else options.concurrency,
-            key_prefixes=self.key_prefixes,
+            keys=self.keys,
         )
         self._pool = _Pool()
         self._async = _AsyncRunner()
@@ -380,9 +391,7 @@ class Worker:
             self.options.concurrency,
             self.lease_seconds,
             ", ".join(sorted(self.handlers)) or "no event type",
-            f"only tasks of queues {', '.join(self.options.queues)}"
-            if self.options.queues
-            else "every job (events, schedules, tasks of every queue)",
+            _scope(self.options),
         )
         try:
             self._loop()
@@ -456,7 +465,7 @@ class Worker:
                 lease_seconds=self.lease_seconds,
                 limit=limit,
                 token=self._claim_token,
-                key_prefixes=self.key_prefixes,
+                keys=self.keys,
             )
             self._claim_token = None
         except DatabaseError as exc:
@@ -496,7 +505,7 @@ class Worker:
         timeout = longest
         if can_claim:
             try:
-                until = seconds_until_wakeup(self.key_prefixes)
+                until = seconds_until_wakeup(self.keys)
             except DatabaseError as exc:
                 self._database_away("reading the next wake-up", exc)
                 return
@@ -602,7 +611,7 @@ class Worker:
                     note=note,
                     token=token,
                     retrying=retrying or again,
-                    key_prefixes=self.key_prefixes,
+                    keys=self.keys,
                 ),
             )
 
@@ -942,6 +951,7 @@ class Worker:
                     self.worker_id,
                     concurrency=self.options.concurrency,
                     queues=self.options.queues,
+                    excluded_queues=self.options.excluded_queues,
                     version=VERSION,
                 )
             elif last:

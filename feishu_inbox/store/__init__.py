@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from ..errors import ConfigurationError
-from .base import Fence, Row, SqlStore, Transition
+from .base import EVERY_KEY, Fence, KeyFilter, Row, SqlStore, Transition
 
 
 class Store(Protocol):
@@ -46,7 +46,7 @@ class Store(Protocol):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[Row]: ...
     def finish(self, fence: Fence, error_type: str) -> str | None: ...
     def fail(
@@ -66,13 +66,13 @@ class Store(Protocol):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> tuple[str | None, list[Row]]: ...
     def finish_together(
         self,
         finishes: Sequence[tuple[Fence, str, str]],
         lease_seconds: float,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[tuple[str | None, list[Row]]]: ...
 
     # the lease holder's other calls
@@ -139,7 +139,7 @@ class Store(Protocol):
     # reads
     def now(self) -> datetime: ...
     def clock(self) -> datetime: ...
-    def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None: ...
+    def next_wakeup(self, keys: KeyFilter = EVERY_KEY) -> datetime | None: ...
 
     # django.tasks tasks (tasks/)
     def defer_and_rank_new_job(
@@ -195,4 +195,4 @@ def _prepare_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: 
 
 connection_created.connect(_prepare_connection, dispatch_uid="feishu_inbox.store")
 
-__all__ = ["Fence", "Row", "SqlStore", "Store", "Transition", "store"]
+__all__ = ["EVERY_KEY", "Fence", "KeyFilter", "Row", "SqlStore", "Store", "Transition", "store"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,6 +45,27 @@ def fence_params(fence: Fence) -> dict[str, Any]:
         "token": fence.token,
         "partition_key": fence.partition_key,
     }
+
+
+@dataclass(frozen=True)
+class KeyFilter:
+    """The partitions a worker's claims take, by the start of their key: every one (no
+    prefixes), only those that start with one of ``prefixes`` (``runworker --queue``), or,
+    ``excluding``, every one but those (``runworker --exclude-queues``)."""
+
+    prefixes: tuple[str, ...] = ()
+    excluding: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.prefixes)
+
+    def params(self) -> dict[str, Any]:
+        """The filtered queries' parameters (``*_in_queues``)."""
+        return {"prefixes": list(self.prefixes), "excluding": self.excluding}
+
+
+#: The claims of a worker of every job.
+EVERY_KEY = KeyFilter()
 
 
 @dataclass(frozen=True)
@@ -427,11 +448,11 @@ class SqlStore:
         """The database's clock as it runs, inside a transaction too (``now`` is its start)."""
         return aware(self.rows("clock")[0]["now"])
 
-    def next_wakeup(self, key_prefixes: Sequence[str] = ()) -> datetime | None:
-        """The earliest time a claim may find work (``key_prefixes``: a claim of only the
-        partitions whose key starts with one of them, as ``claim`` takes)."""
-        if key_prefixes:
-            found = self.rows("next_wakeup_in_queues", {"prefixes": list(key_prefixes)})
+    def next_wakeup(self, keys: KeyFilter = EVERY_KEY) -> datetime | None:
+        """The earliest time a claim may find work (``keys``: a claim of only some
+        partitions, as ``claim`` takes)."""
+        if keys:
+            found = self.rows("next_wakeup_in_queues", keys.params())
             return aware(found[0]["wakeup"])
         return aware(self.rows("next_wakeup")[0]["wakeup"])
 

@@ -418,11 +418,13 @@ WHERE key = %(partition_key)s AND head_id = %(job_id)s
 
 -- next_wakeup_in_queues --
 -- next_wakeup, for a worker of some queues only (runworker --queue): due heads of the
--- partitions whose key starts with one of the prefixes, or a lease to expire.
+-- partitions whose key starts with one of the prefixes (%(excluding)s, runworker
+-- --exclude-queues: with none of them), or a lease to expire.
 SELECT MIN(t) AS wakeup FROM (
     SELECT MIN(p.head_due_at) AS t FROM {partition} p
     WHERE p.head_state IN {claimable}
       AND EXISTS (SELECT 1 FROM {prefixes} q WHERE substr(p.key, 1, length(q.prefix)) = q.prefix)
+          <> %(excluding)s
     UNION ALL
     SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
 ) AS w

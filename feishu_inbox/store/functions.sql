@@ -294,7 +294,8 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim_prefixed: as in 0013_priority.sql (migration 0013_priority).
+-- feishu_inbox_claim_prefixed: as in 0024_excluded_queues.sql (migration
+-- 0024_excluded_queues).
 --
 -- (0010:) a claim for a worker that runs some queues of django.tasks tasks only
 -- (``runworker --queue``; feishu_inbox/tasks/). A task's partition key starts with its queue
@@ -303,9 +304,14 @@ $$;
 -- (0013:) the same order and SET clauses as feishu_inbox_claim, and (as feishu_inbox_claim
 -- since 0012) a branch with a literal LIMIT 1, so its cached generic plan is the custom one.
 --
+-- (0024:) ``runworker --exclude-queues``: p_excluding TRUE takes only the partitions whose key
+-- starts with none of the prefixes (every job but those queues' tasks). 0024 dropped the
+-- signature without p_excluding first.
+--
 -- feishu_inbox_claim plus one predicate (marked below): a change to one belongs in the other.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
-    p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[]
+    p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[],
+    p_excluding boolean
 ) RETURNS SETOF {job} LANGUAGE plpgsql
 SET enable_sort = off SET enable_seqscan = off AS $$
 BEGIN
@@ -317,8 +323,9 @@ BEGIN
             SELECT p.key, p.head_id FROM {partition} p
             WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
               -- the one difference from feishu_inbox_claim: the key starts with a prefix
+              -- (p_excluding: with none of them)
               AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
-                          WHERE left(p.key, length(q.prefix)) = q.prefix)
+                          WHERE left(p.key, length(q.prefix)) = q.prefix) <> p_excluding
             ORDER BY p.head_priority DESC, p.head_id LIMIT 1
             FOR UPDATE OF p SKIP LOCKED
         ), part AS (
@@ -338,8 +345,9 @@ BEGIN
             SELECT p.key, p.head_id FROM {partition} p
             WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
               -- the one difference from feishu_inbox_claim: the key starts with a prefix
+              -- (p_excluding: with none of them)
               AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
-                          WHERE left(p.key, length(q.prefix)) = q.prefix)
+                          WHERE left(p.key, length(q.prefix)) = q.prefix) <> p_excluding
             ORDER BY p.head_priority DESC, p.head_id LIMIT p_limit
             FOR UPDATE OF p SKIP LOCKED
         ), part AS (
@@ -359,10 +367,12 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_finish_together: as in 0013_priority.sql (migration 0013_priority); new in
--- 0012_hot_path.sql: several finishes and their claims in one statement. (0013:) it takes the
--- queue prefixes of a `runworker --queue` worker (NULL: every queue), so such a worker's
--- finishes go together too (0013 dropped the signature without p_prefixes first).
+-- feishu_inbox_finish_together: as in 0024_excluded_queues.sql (migration
+-- 0024_excluded_queues); new in 0012_hot_path.sql: several finishes and their claims in one
+-- statement. (0013:) it takes the queue prefixes of a `runworker --queue` worker (NULL: every
+-- queue), so such a worker's finishes go together too (0013 dropped the signature without
+-- p_prefixes first). (0024:) and p_excluding, for a `runworker --exclude-queues` worker, whose
+-- claims take every partition but those queues' (0024 dropped the signature without it).
 --
 -- feishu_inbox_finish_together: the finishes of a worker's slots that ended together, and
 -- each one's next claim, in one statement and one commit (the worker sends them together when
@@ -373,10 +383,11 @@ $$;
 -- token (p_new_tokens; '' claims nothing), so a worker whose reply was lost finds each
 -- slot's job by its token (claimed_with). One row per finish, in the order given. p_prefixes:
 -- the queue prefixes of a `runworker --queue` worker, whose claims take only those queues'
--- partitions (feishu_inbox_claim_prefixed); NULL for a worker of every queue.
+-- partitions (feishu_inbox_claim_prefixed), or with p_excluding every partition but those;
+-- NULL for a worker of every queue.
 CREATE OR REPLACE FUNCTION feishu_inbox_finish_together(
     p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[],
-    p_new_tokens text[], p_lease float8, p_prefixes text[]
+    p_new_tokens text[], p_lease float8, p_prefixes text[], p_excluding boolean
 ) RETURNS TABLE (finished_id bigint, ended_status text, claimed {job})
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -398,7 +409,7 @@ BEGIN
             ELSE
                 SELECT * INTO claimed
                 FROM feishu_inbox_claim_prefixed(p_worker, p_new_tokens[i], p_lease, 1,
-                                                 p_prefixes);
+                                                 p_prefixes, p_excluding);
             END IF;
         END IF;
         RETURN NEXT;

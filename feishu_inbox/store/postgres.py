@@ -24,7 +24,7 @@ from psycopg.generators import execute
 from psycopg.pq import ExecStatus, TransactionStatus
 
 from ..conf import checked_settings
-from .base import Fence, Row, SqlStore, fence_params
+from .base import EVERY_KEY, Fence, KeyFilter, Row, SqlStore, fence_params
 from .schema import NOTIFY_CHANNEL
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -263,7 +263,7 @@ class PostgresStore(SqlStore):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[Row]:
         params = {
             "worker_id": worker_id,
@@ -271,8 +271,8 @@ class PostgresStore(SqlStore):
             "lease_seconds": lease_seconds,
             "limit": limit,
         }
-        if key_prefixes:  # a worker of some task queues only (tasks/): its own function
-            return self.rows("claim_in_queues", {**params, "prefixes": list(key_prefixes)})
+        if keys:  # a worker of some task queues only, or of all but some (tasks/): its own function
+            return self.rows("claim_in_queues", {**params, **keys.params()})
         return self.rows("claim", params)
 
     def _end_attempt(self, fence: Fence, **ending: Any) -> str | None:
@@ -310,7 +310,7 @@ class PostgresStore(SqlStore):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> tuple[str | None, list[Row]]:
         params = {
             **fence_params(fence),
@@ -319,10 +319,8 @@ class PostgresStore(SqlStore):
             "lease_seconds": lease_seconds,
             "limit": limit,
         }
-        if key_prefixes:  # a worker of some task queues only (tasks/): its own function
-            found = self.rows(
-                "finish_and_claim_in_queues", {**params, "prefixes": list(key_prefixes)}
-            )
+        if keys:  # a worker of some task queues only, or of all but some: its own function
+            found = self.rows("finish_and_claim_in_queues", {**params, **keys.params()})
         else:
             found = self.rows("finish_and_claim", params)
         status = found[0]["ended_status"]
@@ -333,7 +331,7 @@ class PostgresStore(SqlStore):
         self,
         finishes: Sequence[tuple[Fence, str, str]],
         lease_seconds: float,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[tuple[str | None, list[Row]]]:
         found = self.rows(
             "finish_together",
@@ -346,7 +344,8 @@ class PostgresStore(SqlStore):
                 "new_tokens": [token for _, _, token in finishes],
                 "lease_seconds": lease_seconds,
                 # NULL: a worker of every queue (feishu_inbox_claim, the unfiltered claim)
-                "prefixes": list(key_prefixes) or None,
+                "prefixes": list(keys.prefixes) or None,
+                "excluding": keys.excluding,
             },
         )
         return [

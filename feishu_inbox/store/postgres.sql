@@ -50,13 +50,14 @@ LEFT JOIN LATERAL (
 -- finish_together --
 -- The finishes of several slots of one worker and each one's next claim, in one statement and
 -- one commit (feishu_inbox_finish_together): each fenced on its own, a lost one NULL; the
--- claims of a `runworker --queue` worker only in its queues (%(prefixes)s; NULL: all). Only on
--- PostgreSQL: SQLite runs finish_and_claim for each, in one transaction.
+-- claims of a `runworker --queue` worker only in its queues (%(prefixes)s; NULL: all), those
+-- of a `runworker --exclude-queues` worker outside them (%(excluding)s). Only on PostgreSQL:
+-- SQLite runs finish_and_claim for each, in one transaction.
 SELECT f.finished_id, f.ended_status, c.*
 FROM feishu_inbox_finish_together(%(worker_id)s, %(job_ids)s::bigint[], %(tokens)s::text[],
                                   %(partition_keys)s::text[], %(error_types)s::text[],
                                   %(new_tokens)s::text[], %(lease_seconds)s,
-                                  %(prefixes)s::text[]) f
+                                  %(prefixes)s::text[], %(excluding)s::boolean) f
 LEFT JOIN LATERAL (
     SELECT {claimed_columns} FROM (SELECT (f.claimed).*) j WHERE j.id IS NOT NULL
 ) c ON TRUE
@@ -122,14 +123,16 @@ RETURNING id
 
 -- claim_in_queues --
 -- claim, for a worker of some queues only (runworker --queue): only partitions whose key
--- starts with one of %(prefixes)s. Only on PostgreSQL: SQLite runs claimable_heads_in_queues,
+-- starts with one of %(prefixes)s; %(excluding)s (runworker --exclude-queues): only partitions
+-- whose key starts with none of them. Only on PostgreSQL: SQLite runs claimable_heads_in_queues,
 -- claim_partitions and claim_jobs. A separate function, so the unfiltered claim is untouched.
 SELECT {claimed_columns}
 FROM feishu_inbox_claim_prefixed(%(worker_id)s, %(token)s, %(lease_seconds)s, %(limit)s,
-                                 %(prefixes)s::text[])
+                                 %(prefixes)s::text[], %(excluding)s::boolean)
 
 -- finish_and_claim_in_queues --
--- finish_and_claim, for a worker of some queues only (see claim_in_queues). Only on
+-- finish_and_claim, for a worker of some queues only, or of all but some (see
+-- claim_in_queues). Only on
 -- PostgreSQL: SQLite runs the finish and claimable_heads_in_queues in one transaction.
 SELECT ended.ended_status, claimed.*
 FROM (
@@ -141,7 +144,7 @@ LEFT JOIN LATERAL (
     FROM feishu_inbox_claim_prefixed(%(worker_id)s, %(new_token)s, %(lease_seconds)s,
                                      CASE WHEN ended.ended_status IS NULL THEN 0
                                           ELSE %(limit)s END,
-                                     %(prefixes)s::text[])
+                                     %(prefixes)s::text[], %(excluding)s::boolean)
 ) claimed ON TRUE
 
 -- clock --

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..errors import LedgerError
-from .base import Fence, Row, SqlStore, fence_params
+from .base import EVERY_KEY, Fence, KeyFilter, Row, SqlStore, fence_params
 
 _writer = threading.RLock()
 
@@ -109,10 +109,10 @@ class SqliteStore(SqlStore):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[Row]:
         with self.transaction():
-            return self._claim(worker_id, token, lease_seconds, limit, key_prefixes)
+            return self._claim(worker_id, token, lease_seconds, limit, keys)
 
     def _claim(
         self,
@@ -120,11 +120,10 @@ class SqliteStore(SqlStore):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[Row]:
-        if key_prefixes:  # a worker of some task queues only (tasks/)
-            params = {"limit": limit, "prefixes": list(key_prefixes)}
-            heads = self.rows("claimable_heads_in_queues", params)
+        if keys:  # a worker of some task queues only, or of all but some (tasks/)
+            heads = self.rows("claimable_heads_in_queues", {"limit": limit, **keys.params()})
         else:
             heads = self.rows("claimable_heads", {"limit": limit})
         if not heads:
@@ -197,20 +196,20 @@ class SqliteStore(SqlStore):
         token: str,
         lease_seconds: float,
         limit: int,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> tuple[str | None, list[Row]]:
         # One transaction (one commit) for both, as PostgreSQL's one statement.
         with self.transaction():
             status = self._end_attempt(fence, "finish_job", {"error_type": error_type})
             if status is None or limit < 1:
                 return status, []
-            return status, self._claim(fence.worker_id, token, lease_seconds, limit, key_prefixes)
+            return status, self._claim(fence.worker_id, token, lease_seconds, limit, keys)
 
     def finish_together(
         self,
         finishes: Sequence[tuple[Fence, str, str]],
         lease_seconds: float,
-        key_prefixes: Sequence[str] = (),
+        keys: KeyFilter = EVERY_KEY,
     ) -> list[tuple[str | None, list[Row]]]:
         # One transaction (one commit) for all, as PostgreSQL's one statement.
         with self.transaction():
@@ -221,7 +220,7 @@ class SqliteStore(SqlStore):
                     token=token,
                     lease_seconds=lease_seconds,
                     limit=int(bool(token)),
-                    key_prefixes=key_prefixes,
+                    keys=keys,
                 )
                 for fence, error, token in finishes
             ]

@@ -134,12 +134,13 @@ UPDATE {job} SET has_steps = TRUE WHERE id = %(job_id)s AND NOT has_steps
 
 -- claimable_heads_in_queues --
 -- claimable_heads, for a worker of some queues only (runworker --queue): only partitions whose
--- key starts with one of the prefixes. Only on SQLite (PostgreSQL:
+-- key starts with one of the prefixes; %(excluding)s (runworker --exclude-queues): only those
+-- whose key starts with none of them. Only on SQLite (PostgreSQL:
 -- feishu_inbox_claim_prefixed()). The key is qualified: json_each has a column named key.
 SELECT {partition}.key, {partition}.head_id FROM {partition}
 WHERE head_state IN {claimable} AND head_due_at <= now()
   AND EXISTS (SELECT 1 FROM {prefixes} q
-              WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix)
+              WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix) <> %(excluding)s
 ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 
 -- clock --

@@ -76,7 +76,9 @@ def test_finishes_together_of_a_queue_worker_claim_only_in_its_queues() -> None:
         stored = ledger.enqueue(event_id=name, event_type="t", partition_key=name, payload={})
         EventJob.objects.filter(id=stored.job_id).update(priority=priority)
         Partition.objects.filter(key=name).update(head_priority=priority)
-    ended = finish_together([(a, "", "ta"), (b, "", "tb")], key_prefixes=["task:emails:"])
+    ended = finish_together(
+        [(a, "", "ta"), (b, "", "tb")], keys=ledger.KeyFilter(("task:emails:",))
+    )
     claimed = [jobs[0].lease.partition_key for _, jobs in ended]
     assert claimed == ["task:emails:y", "task:emails:x"]  # by priority, never c0/c1 or other
     assert_mirror_consistent()
@@ -89,9 +91,9 @@ class _Recorder:
         self.batches: list[list[int]] = []
         self.fail = fail
 
-    def __call__(self, finishes: Any, *, lease_seconds: float, key_prefixes: Any = ()) -> Any:
+    def __call__(self, finishes: Any, *, lease_seconds: float, keys: Any = None) -> Any:
         self.batches.append([lease.job_id for lease, _, _ in finishes])
-        self.key_prefixes = tuple(key_prefixes)
+        self.keys = keys
         if self.fail:
             raise OperationalError("the database blinked")
         return [("completed" if lease.job_id != 99 else None, []) for lease, _, _ in finishes]
@@ -136,10 +138,11 @@ def test_finishes_that_end_while_one_is_written_go_together(
     recorder = _Recorder()
     monkeypatch.setattr(finishing, "finish_together", recorder)
     alone: list[tuple[int, bool]] = []
-    group = FinishGroup(60, key_prefixes=("task:emails:",))  # a `runworker --queue` worker's
+    queues = ledger.KeyFilter(("task:emails:",))
+    group = FinishGroup(60, keys=queues)  # a `runworker --queue` worker's
     results = _gathered(group, [_finish(i, alone) for i in (1, 2, 99)])
     assert [sorted(b) for b in recorder.batches] == [[1, 2, 99]]  # one statement for three
-    assert recorder.key_prefixes == ("task:emails:",)  # its claims keep the worker's queues
+    assert recorder.keys == queues  # its claims keep the worker's queues
     assert results[1] == results[2] == ("completed", [])
     # 99's lease was lost: refused on its own, it finishes alone (not as a retry) to learn why.
     assert alone == [(99, False)] and results[99] == ("alone", [])

@@ -45,8 +45,8 @@ def test_workers_are_seen_live_lost_and_stopped_with_what_they_run(workers: Work
         job_id = enqueue("held", ["gate:g1"], partition="chat-beat")
         first = workers.start("--concurrency", "2", "--queue", "default", **env())
         wait_for(lambda: state(first.pid) == "live", 30, "the worker's first beat")
-        # a --queue worker runs only tasks: this one runs the gated event
-        second = workers.start("--concurrency", "3", **env())
+        # a --queue worker runs only tasks: this one (all but one queue's tasks) runs the event
+        second = workers.start("--concurrency", "3", "--exclude-queues", "emails", **env())
 
         def running() -> bool:
             connection.close()
@@ -61,9 +61,13 @@ def test_workers_are_seen_live_lost_and_stopped_with_what_they_run(workers: Work
         assert rows[first.pid]["state"] == "live" and rows[first.pid]["queues"] == ["default"]
         assert rows[second.pid]["concurrency"] == 3 and rows[second.pid]["running_jobs"] == [job_id]
         assert rows[second.pid]["host"] and rows[second.pid]["version"]
+        assert rows[second.pid]["queues"] == [] and rows[second.pid]["excluded_queues"] == [
+            "emails"
+        ]
         text = io.StringIO()
         call_command("inbox", "workers", stdout=text)
         assert f"#{job_id}" in text.getvalue() and "1/3 busy" in text.getvalue()
+        assert "every job but tasks of emails" in text.getvalue()
 
         # The admin's page, for whoever may view jobs.
         operator = User.objects.create_user("ops", password="x", is_staff=True)
@@ -74,7 +78,7 @@ def test_workers_are_seen_live_lost_and_stopped_with_what_they_run(workers: Work
         assert page.status_code == 200
         html = page.content.decode()
         assert rows[second.pid]["worker_id"] in html and f"/{job_id}/change/" in html
-        assert ">live<" in html
+        assert ">live<" in html and "only tasks of default" in html
 
         os.kill(first.pid, signal.SIGKILL)  # killed: its beats stop
         first.wait(10)

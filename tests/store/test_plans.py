@@ -98,11 +98,17 @@ def _plan_of(plans: list[str], marker: str) -> str:
     return found[-1]
 
 
-#: The claims, by function: the unfiltered one and a `runworker --queue` worker's.
+#: The claims, by function: the unfiltered one, a `runworker --queue` worker's and a
+#: `runworker --exclude-queues` worker's.
 CLAIMS = {
     "feishu_inbox_claim": "SELECT id, partition_key FROM feishu_inbox_claim('w', %s, 60, 1)",
     "feishu_inbox_claim_prefixed": (
-        "SELECT id, partition_key FROM feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-'])"
+        "SELECT id, partition_key "
+        "FROM feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-'], FALSE)"
+    ),
+    "feishu_inbox_claim_prefixed excluding": (
+        "SELECT id, partition_key "
+        "FROM feishu_inbox_claim_prefixed('w', %s, 60, 1, ARRAY['chat-1', 'task:'], TRUE)"
     ),
 }
 
@@ -179,10 +185,13 @@ def test_a_claim_of_several_is_still_planned_for_its_limit() -> None:
     assert "Seq Scan on public.feishu_inbox_partition" not in claim.split("CTE part")[0], claim
 
 
-def test_the_cached_claim_of_a_queue_worker_takes_priority_in_index_order() -> None:
-    """feishu_inbox_claim_prefixed (runworker --queue) has its own LIMIT 1 branch: its seventh
-    call runs the cached generic plan, on the claimable index in (priority, head) order with
-    no sort, and takes the higher-priority heads first."""
+@pytest.mark.parametrize(
+    "claim", ["feishu_inbox_claim_prefixed", "feishu_inbox_claim_prefixed excluding"]
+)
+def test_the_cached_claim_of_a_queue_worker_takes_priority_in_index_order(claim: str) -> None:
+    """feishu_inbox_claim_prefixed (runworker --queue, and --exclude-queues) has its own
+    LIMIT 1 branch: its seventh call runs the cached generic plan, on the claimable index in
+    (priority, head) order with no sort, and takes the higher-priority heads first."""
     _fill()
     with connection.cursor() as cur:
         cur.execute(
@@ -193,8 +202,10 @@ def test_the_cached_claim_of_a_queue_worker_takes_priority_in_index_order() -> N
             f"(SELECT head_id FROM {PARTITION_TABLE} WHERE head_priority = 7)"
         )
     connection.close()
-    claims, _, keys = _claim_and_finish_seven_times("feishu_inbox_claim_prefixed")
+    claims, _, keys = _claim_and_finish_seven_times(claim)
     assert sorted(keys[:2]) == ["chat-5", "chat-9"], keys  # priority 7 before the others
+    if claim.endswith("excluding"):
+        assert not any(k.startswith("chat-1") for k in keys), keys
     assert re.search(r"\$1, \$2\b", claims[-1]) and "'w'::" not in claims[-1], claims[-1]
     assert "Index Scan using feishu_inbox_part_claimable" in claims[-1], claims[-1]
     assert "Seq Scan" not in claims[-1] and "Sort" not in claims[-1], claims[-1]

@@ -77,7 +77,7 @@ def test_arrays_and_odd_keys_go_through_as_psycopg_would_send_them() -> None:
     for i, key in enumerate(keys):
         for j in range(2):
             ledger.enqueue(event_id=f"e{i}-{j}", event_type="t", partition_key=key, payload={})
-    running = ledger.claim("w", limit=len(keys), key_prefixes=keys)
+    running = ledger.claim("w", limit=len(keys), keys=ledger.KeyFilter(tuple(keys)))
     assert sorted(job.lease.partition_key for job in running) == sorted(keys)
     ended = finish_together([(job.lease, "", f"next{n}") for n, job in enumerate(running)])
     assert [status for status, _ in ended] == ["completed"] * len(keys)

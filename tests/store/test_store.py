@@ -121,7 +121,7 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014 and 0015 load their function files; migrating back
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015 and 0024 load their function files; migrating back
     drops them (or restores their earlier versions), forward again creates them, and the
     ledger works after the round trip."""
 
@@ -158,6 +158,14 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             [(count,)] = cur.fetchall()  # one version: never an overload left behind
             return int(count)
 
+    def claim_prefixed_arguments() -> int:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pronargs FROM pg_proc WHERE proname = 'feishu_inbox_claim_prefixed'"
+            )
+            [(count,)] = cur.fetchall()  # one version: never an overload left behind
+            return int(count)
+
     def end_attempt_merged() -> bool:
         """0015: the job's update and its history row are one statement."""
         with connection.cursor() as cur:
@@ -172,11 +180,15 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             return settings  # type: ignore[no-any-return]
 
     forbidden = ["enable_sort=off", "enable_seqscan=off"]  # 0013: the claim reads its index
-    assert functions() == expected and finish_together_arguments() == 8  # 0013: the prefixes
+    assert functions() == expected and finish_together_arguments() == 9  # 0024: excluding
+    assert claim_prefixed_arguments() == 6
     assert claim_settings() == forbidden
     assert check_constraints() == 0  # 0014: row triggers instead
     assert end_attempt_merged()
     try:
+        call_command("migrate", "feishu_inbox", "0023", verbosity=0)
+        assert finish_together_arguments() == 8 and claim_prefixed_arguments() == 5  # 0013's
+        assert functions() == expected and end_attempt_merged()
         call_command("migrate", "feishu_inbox", "0014", verbosity=0)
         assert not end_attempt_merged()
         call_command("migrate", "feishu_inbox", "0013", verbosity=0)
@@ -196,6 +208,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         call_command("migrate", "feishu_inbox", verbosity=0)
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged()
+    assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6
     from feishu_inbox import ledger
 
     ledger.enqueue(event_id="e", event_type="t", partition_key="p", payload={})

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -184,7 +184,7 @@ def test_a_task_runs_once_its_run_after_has_passed() -> None:
 def claim_order(*args: str) -> list[str]:
     """The result ids, in the order a worker of one slot claims (and finishes) them."""
     order = []
-    while claimed := ledger.claim("w", key_prefixes=args):
+    while claimed := ledger.claim("w", keys=ledger.KeyFilter(args)):
         [job] = claimed
         order.append(job.event_id)
         ledger.finish(job.lease)
@@ -274,11 +274,11 @@ def test_queues_are_checked_and_partition_the_claim() -> None:
     event = ledger.enqueue(
         event_id="ev-1", event_type="test.steps", partition_key="chat:1", payload={}
     ).job_id
-    prefixes = (task_jobs.queue_prefix("emails"),)
+    prefixes = ledger.KeyFilter((task_jobs.queue_prefix("emails"),))
     assert store().next_wakeup(prefixes) is not None
-    [claimed] = ledger.claim("w-emails", key_prefixes=prefixes, limit=10)
+    [claimed] = ledger.claim("w-emails", keys=prefixes, limit=10)
     assert claimed.event_id == email.id
-    assert ledger.claim("w-emails", key_prefixes=prefixes, limit=10) == []
+    assert ledger.claim("w-emails", keys=prefixes, limit=10) == []
     others = ledger.claim("w-all", limit=10)
     assert {j.id for j in others} == {job_of(default).pk, event}
 
@@ -288,6 +288,60 @@ def test_runworker_queue_runs_only_that_queue() -> None:
     run_worker("--queue", "emails")
     assert t.send_email.get_result(email.id).return_value == "sent to b@example.com"
     assert t.add.get_result(default.id).status == Status.READY
+
+
+def test_a_claim_excluding_queues_takes_everything_else() -> None:
+    """``runworker --exclude-queues``: every claim path (claim, finish and claim, finishes
+    together) and the wake-up time leave the excluded queues' tasks alone and take events,
+    schedules' jobs and every other queue's tasks, in priority order as ever."""
+    emails = [t.send_email.using(priority=90).enqueue(f"{n}@x") for n in range(3)]
+    default = [t.add.using(priority=p).enqueue(1, p) for p in (1, 5)]
+    events = [
+        ledger.enqueue(
+            event_id=f"ev-{n}", event_type="test.steps", partition_key=f"chat:{n}", payload={}
+        ).job_id
+        for n in range(3)
+    ]
+    keys = ledger.KeyFilter((task_jobs.queue_prefix("emails"),), excluding=True)
+    [first] = ledger.claim("w", keys=keys)
+    [second] = ledger.claim("w", keys=keys)
+    assert [first.id, second.id] == [job_of(default[1]).pk, job_of(default[0]).pk]  # not 90s
+    _, [next_one] = ledger.finish_and_claim(first.lease, limit=1, keys=keys)
+    ended = ledger.finish_together(
+        [(second.lease, "", "t2"), (next_one.lease, "", "t3")], keys=keys
+    )
+    claimed = [next_one.id] + [jobs[0].id for _, jobs in ended]
+    assert sorted(claimed) == sorted(events)  # then the events, never an email
+    for job in (j for _, jobs in ended for j in jobs):
+        ledger.finish(job.lease)
+    assert ledger.claim("w", keys=keys, limit=10) == []
+    assert store().next_wakeup(keys) is None  # nothing due but emails: sleep
+    assert store().next_wakeup(ledger.KeyFilter(keys.prefixes)) is not None
+    assert {j.event_id for j in ledger.claim("w-emails", limit=10)} == {e.id for e in emails}
+
+
+def test_runworker_exclude_queues_runs_every_job_but_those_queues() -> None:
+    email, default = t.send_email.enqueue("c@example.com"), t.add.enqueue(2, 2)
+    event = ledger.enqueue(
+        event_id="ev-x", event_type="test.steps", partition_key="chat:x", payload={}
+    ).job_id
+    run_worker("--exclude-queues", "emails,reports", "--exclude-queues", "emails")
+    assert t.add.get_result(default.id).return_value == 4
+    assert EventJob.objects.get(id=event).status == "completed"
+    assert t.send_email.get_result(email.id).status == Status.READY
+    assert job_of(email).attempt == 0  # never claimed
+
+
+def test_runworker_refuses_bad_or_conflicting_queue_flags() -> None:
+    t.add.enqueue(1, 1)
+    for args, says in (
+        (("--queue", "emails", "--exclude-queues", "default"), "cannot be combined"),
+        (("--exclude-queues", "a:b"), "--exclude-queues 'a:b'"),
+        (("--exclude-queues", "emails,"), "--exclude-queues ''"),
+    ):
+        with pytest.raises(CommandError, match=says):
+            run_worker(*args)
+    assert EventJob.objects.get().status == "queued"  # a refused start runs nothing
 
 
 # --- ordering keys --------------------------------------------------------------------------

@@ -313,7 +313,7 @@ class Command(BaseCommand):
             running = ", ".join(f"#{j}" for j in w.running_jobs) or "nothing"
             self.stdout.write(
                 f"{w.worker_id:<32} {w.state:<8} {w.host}:{w.pid} v{w.version} "
-                f"{w.busy}/{w.concurrency} busy, {w.queues or 'every job'}; "
+                f"{w.busy}/{w.concurrency} busy, {w.scope}; "
                 f"last beat {w.last_beat_at:%Y-%m-%d %H:%M:%S}; running {running}"
             )
 

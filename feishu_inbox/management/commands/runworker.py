@@ -1,7 +1,8 @@
 """``python manage.py runworker``: thin over ``runtime.worker.Worker``.
 
 It hands the worker what the layers above the runtime offer (``worker_services``): the
-schedules' tick, the Feishu SDK's warm-up, the partition prefixes of ``--queue`` tasks.
+schedules' tick, the Feishu SDK's warm-up, the partition prefixes of ``--queue`` (or
+``--exclude-queues``) tasks.
 
 It logs to stderr by itself when the site configured no logging for ``feishu_inbox`` (as
 Celery's and procrastinate's workers do): a fresh ``startproject`` site has none, and a worker
@@ -22,6 +23,7 @@ from feishu_inbox import monitoring, schedules
 from feishu_inbox.errors import ConfigurationError
 from feishu_inbox.feishu import openapi
 from feishu_inbox.ledger.kinds import queue_prefix
+from feishu_inbox.ledger.rules import KeyFilter
 from feishu_inbox.runtime import registry
 from feishu_inbox.runtime.worker import Services, Worker, WorkerOptions
 from feishu_inbox.schedules import scheduler
@@ -76,6 +78,14 @@ class Command(BaseCommand):
             help="run only django.tasks tasks of this queue (repeatable); default: every job "
             "(Feishu events, schedules, tasks of every queue)",
         )
+        parser.add_argument(
+            "--exclude-queues",
+            action="append",
+            default=[],
+            metavar="NAMES",
+            help="run every job but the django.tasks tasks of these queues (comma-separated, "
+            "repeatable); not with --queue",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         package = logging.getLogger("feishu_inbox")
@@ -96,13 +106,15 @@ class Command(BaseCommand):
             raise CommandError("--database-patience must be more than 0 seconds.")
         if options["lease_seconds"] is not None and options["lease_seconds"] < 1:
             raise CommandError("--lease-seconds must be at least 1.")
-        bad = [q for q in options["queue"] if not q or ":" in q or len(q) > 64]
-        if bad:
+        queues = _queue_names("--queue", options["queue"])
+        named = [q.strip() for names in options["exclude_queues"] for q in names.split(",")]
+        excluded = _queue_names("--exclude-queues", named)
+        if queues and excluded:
             raise CommandError(
-                f"--queue {bad[0]!r}: a queue name has 1 to 64 characters, without ':' "
-                "(as in TASKS[...]['QUEUES'])."
+                "--queue and --exclude-queues cannot be combined: --queue already leaves out "
+                "every queue it does not name (and Feishu events and schedules)."
             )
-        queues = tuple(dict.fromkeys(options["queue"]))
+        prefixes = tuple(queue_prefix(q) for q in queues or excluded)
         try:
             worker = Worker(
                 WorkerOptions(
@@ -114,7 +126,8 @@ class Command(BaseCommand):
                     grace_seconds=options["grace_seconds"],
                     database_patience=options["database_patience"],
                     queues=queues,
-                    queue_prefixes=tuple(queue_prefix(q) for q in queues),
+                    excluded_queues=excluded,
+                    keys=KeyFilter(prefixes, excluding=bool(excluded)),
                 ),
                 worker_services(),
             )
@@ -225,3 +238,14 @@ def log_handlers(registered: dict[str, registry.Handler]) -> None:
             registry.AUTODISCOVERED_MODULE,
             registry.AUTODISCOVERED_MODULE,
         )
+
+
+def _queue_names(flag: str, names: list[str]) -> tuple[str, ...]:
+    """The queue names a flag gave, each once, in order; a CommandError for a bad one."""
+    bad = [q for q in names if not q or ":" in q or len(q) > 64]
+    if bad:
+        raise CommandError(
+            f"{flag} {bad[0]!r}: a queue name has 1 to 64 characters, without ':' "
+            "(as in TASKS[...]['QUEUES'])."
+        )
+    return tuple(dict.fromkeys(names))

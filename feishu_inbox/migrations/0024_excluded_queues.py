@@ -1,0 +1,25 @@
+# runworker --exclude-queues: the prefixed claim and finish_together take p_excluding
+# (store/functions/0024_excluded_queues.sql says why; PostgreSQL only), and a worker's
+# heartbeat row names the queues it leaves out.
+
+from django.db import migrations, models
+
+from feishu_inbox.store.migration import RunPostgresFunctions
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('feishu_inbox', '0023_worker_beats'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='workerbeat',
+            name='excluded_queues',
+            field=models.CharField(blank=True, default='', max_length=255),
+        ),
+        RunPostgresFunctions(
+            "0024_excluded_queues.sql", reverse_filename="0024_excluded_queues.down.sql"
+        ),
+    ]
