@@ -111,6 +111,9 @@ class EventJob(models.Model):
     #: -100..100; Feishu events and schedule occurrences 0). It never reorders a partition:
     #: the partition's head carries its priority (Partition.head_priority).
     priority = models.SmallIntegerField(default=0, db_default=0)
+    #: The trace context of whoever stored it (a W3C ``traceparent``; "" when nothing traced
+    #: the enqueue): every attempt's span is its child (``tracing.py``).
+    trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     error_type = models.CharField(max_length=128, blank=True, default="")
     error_message = models.TextField(blank=True, default="")

@@ -18,7 +18,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
 from . import protocol
@@ -34,22 +34,40 @@ def store(
     keys: protocol.EventKeys | None = None,
     *,
     transport: str = "webhook",
+    traceparent: str = "",
 ) -> EnqueueResult:
     """Store ``envelope`` once for ``app`` (with ``keys``, or the ones its type's key function
     gives); raises ``ProtocolError`` for keys no database can store, Django's ``DataError``
-    for a payload it refuses, ``DatabaseError`` in an outage."""
+    for a payload it refuses, ``DatabaseError`` in an outage.
+
+    Traced (``tracing.py``) as ``feishu_inbox receive``: a child of the current span (the
+    request's), else of ``traceparent`` (the delivery's header), else a new trace; the job
+    keeps that span's context."""
     keys = keys or protocol.keys_for(envelope)
-    result = ledger.enqueue(
-        app=app,
-        event_id=envelope.event_id,
-        event_type=envelope.event_type,
-        dedupe_key=keys.dedupe_key,
-        partition_key=partition_of(app, keys),
-        private_message=keys.private_message,
-        payload=envelope.body,
-        payload_json=envelope.raw,
-    )
-    answer = "stored" if result.created else "duplicate"
+    with tracing.span(
+        "feishu_inbox receive",
+        kind="server" if transport == "webhook" else "consumer",
+        parent=traceparent,
+        attributes={
+            "feishu_inbox.app": app,
+            "feishu_inbox.transport": transport,
+            "feishu_inbox.event.id": envelope.event_id,
+            "feishu_inbox.event.type": envelope.event_type,
+        },
+    ) as span:
+        result = ledger.enqueue(
+            app=app,
+            event_id=envelope.event_id,
+            event_type=envelope.event_type,
+            dedupe_key=keys.dedupe_key,
+            partition_key=partition_of(app, keys),
+            private_message=keys.private_message,
+            payload=envelope.body,
+            payload_json=envelope.raw,
+        )
+        answer = "stored" if result.created else "duplicate"
+        span.set("feishu_inbox.job.id", result.job_id)
+        span.set("feishu_inbox.answer", answer)
     telemetry.DELIVERIES.labels(app, transport, answer).inc()
     log.info(
         "%s event %s (%s, app %s) as job %s",

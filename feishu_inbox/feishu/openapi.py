@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..conf import checked_settings, openapi_base_url
 from ..errors import (
     ConfigurationError,
@@ -349,32 +349,40 @@ def call(app: str, what: str, make_request: Any) -> Any:
         option = RequestOption.builder().headers({"Content-Type": JSON_CONTENT_TYPE})
         request = make_request()
         api = _api_name(request)
-        started = time.monotonic()
-        try:
-            _ensure_token(creds, c)
-            # Client.request (the SDK's generic call) keeps the raw answer (status, headers)
-            # of one that is not JSON, a 500 page; im.v1.message.create raises ValueError.
-            raw = c.request(request, option.build()).raw
-        except ObtainAccessTokenException as exc:
-            _count(app, api, "token_refused", started)
-            raise _token_error(creds, exc) from exc
-        except requests.RequestException as exc:
-            _count(app, api, "transient", started)
-            raise FeishuTransientError(
-                f"Could not {what} (app {app!r}): {type(exc).__name__}: {exc}",
-                app=app,
-                maybe_applied=True,
-            ) from exc
-        except (ValueError, UnmarshalException) as exc:  # "JSON" the SDK could not read
-            _count(app, api, "transient", started)
-            raise FeishuTransientError(
-                f"Feishu's answer to a request to {what} (app {app!r}) is unreadable: "
-                f"{type(exc).__name__}: {exc}",
-                app=app,
-                maybe_applied=True,
-            ) from exc
-        answer = _Answer.of(raw)
-        _count(app, api, answer.result(), started)
+        span = tracing.span(
+            f"feishu_inbox openapi {api}",
+            kind="client",
+            attributes={"feishu_inbox.app": app, "feishu_inbox.openapi.api": api},
+        )
+        with span as traced:
+            started = time.monotonic()
+            try:
+                _ensure_token(creds, c)
+                # Client.request (the SDK's generic call) keeps the raw answer (status, headers)
+                # of one that is not JSON, a 500 page; im.v1.message.create raises ValueError.
+                raw = c.request(request, option.build()).raw
+            except ObtainAccessTokenException as exc:
+                _count(app, api, "token_refused", started)
+                raise _token_error(creds, exc) from exc
+            except requests.RequestException as exc:
+                _count(app, api, "transient", started)
+                raise FeishuTransientError(
+                    f"Could not {what} (app {app!r}): {type(exc).__name__}: {exc}",
+                    app=app,
+                    maybe_applied=True,
+                ) from exc
+            except (ValueError, UnmarshalException) as exc:  # "JSON" the SDK could not read
+                _count(app, api, "transient", started)
+                raise FeishuTransientError(
+                    f"Feishu's answer to a request to {what} (app {app!r}) is unreadable: "
+                    f"{type(exc).__name__}: {exc}",
+                    app=app,
+                    maybe_applied=True,
+                ) from exc
+            answer = _Answer.of(raw)
+            _count(app, api, answer.result(), started)
+            if answer.status is not None:
+                traced.set("http.response.status_code", answer.status)
         if answer.code == TOKEN_INVALID_CODE and not fresh_token:
             log.warning("Feishu app %r: the tenant token was refused; fetching a new one", app)
             _forget_token(creds.app_id)  # revoked or rotated early: fetch a new one, once
@@ -394,6 +402,7 @@ def _api_name(request: Any) -> str:
 
 
 def _count(app: str, api: str, result: str, started: float) -> None:
+    tracing.annotate(feishu_inbox__openapi__result=result)
     telemetry.OPENAPI_REQUESTS.labels(app, api, result).inc()
     telemetry.OPENAPI_SECONDS.labels(api).observe(time.monotonic() - started)
 

@@ -135,7 +135,7 @@ class EventWebhook(View):
             telemetry.DELIVERIES.labels(app, "webhook", "card_action").inc()
             return self._card_action(app, envelope, conf)
 
-        result = inbound.store(app, envelope)
+        result = inbound.store(app, envelope, traceparent=request.headers.get("traceparent", ""))
         return JsonResponse({"ok": True, "duplicate": not result.created})
 
     def _card_action(

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import connection
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..conf import checked_settings
 from ..errors import (
     Cancelled,
@@ -92,6 +92,8 @@ class ClaimedJob:
     #: When the ledger stored it, and when it was due (this attempt's ``available_at``).
     received_at: datetime | None = None
     due_at: datetime | None = None
+    #: The trace context stored with it ("" when its enqueue was not traced).
+    trace_parent: str = ""
 
     @property
     def id(self) -> int:
@@ -110,6 +112,7 @@ class ClaimedJob:
             lease_until=aware(row["lease_until"]),
             has_steps=bool(row["has_steps"]),
             received_at=aware(row.get("received_at")),
+            trace_parent=row.get("trace_parent") or "",
             due_at=aware(row.get("available_at")),
         )
 
@@ -180,6 +183,7 @@ def enqueue(
             "private_message": private_message,
             "payload": payload_json,
             "max_attempts": max_attempts,
+            "trace_parent": tracing.current_parent(),
         }
     )
     result = EnqueueResult(

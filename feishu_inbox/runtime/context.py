@@ -82,6 +82,8 @@ class JobContext:
     #: the thread has come back from it (both under the worker's lock of the count).
     abandoned: bool = False
     thread_done: bool = False
+    #: The trace context stored with the job (``tracing.py``): its attempt's span's parent.
+    trace_parent: str = ""
 
     def lease_left(self) -> float:
         """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""

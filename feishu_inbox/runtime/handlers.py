@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..errors import (
     Cancelled,
     DuplicateEffect,
@@ -86,6 +87,7 @@ class effect:
         if name is not None and (not isinstance(name, str) or not name or len(name) > 64):
             raise LedgerError(f"effect() needs a name of 1 to 64 characters (got {name!r}).")
         self.name = name or ""
+        self._span = tracing.NOTHING
         self.idempotent = (
             None
             if idempotent_for is None
@@ -93,7 +95,9 @@ class effect:
         )
 
     def __enter__(self) -> str:
-        return _begin_effect(current(), self)
+        key = _begin_effect(current(), self)
+        self._traced()
+        return key
 
     def __exit__(
         self,
@@ -101,10 +105,15 @@ class effect:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _end_effect(current(), exc_type)
+        try:
+            _end_effect(current(), exc_type)
+        finally:
+            self._untraced(exc)
 
     async def __aenter__(self) -> str:
-        return await asyncio.to_thread(in_db_thread, _begin_effect, current(), self)
+        key = await asyncio.to_thread(in_db_thread, _begin_effect, current(), self)
+        self._traced()
+        return key
 
     async def __aexit__(
         self,
@@ -112,7 +121,25 @@ class effect:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await _in_db_thread(_end_effect, current(), exc_type)
+        try:
+            await _in_db_thread(_end_effect, current(), exc_type)
+        finally:
+            self._untraced(exc)
+
+    def _traced(self) -> None:
+        """The effect's span, from its recorded start (``tracing.py``)."""
+        self._span = tracing.start(
+            f"feishu_inbox effect {self.name or '(unnamed)'}",
+            attributes={
+                "feishu_inbox.effect.name": self.name,
+                "feishu_inbox.effect.idempotent": self.idempotent is not None,
+            },
+        )
+
+    def _untraced(self, error: BaseException | None) -> None:
+        span, self._span = self._span, tracing.NOTHING
+        span.set("feishu_inbox.outcome", "done" if error is None else "uncertain")
+        span.end(error)
 
 
 def _begin_effect(ctx: JobContext, scope: effect) -> str:
@@ -193,13 +220,49 @@ def _end_effect(ctx: JobContext, exc_type: type[BaseException] | None) -> None:
         telemetry.EFFECTS.labels("done" if exc_type is None else "uncertain").inc()
 
 
+#: The database connections ``in_db_thread`` used on the threads of the worker's event loop's
+#: executor (``asyncio.to_thread``), which keep them from call to call and end without
+#: closing them: the worker closes them when it stops (``close_executor_connections``).
+_executor_connections: set[Any] = set()
+_executor_connections_lock = threading.Lock()
+_kept = threading.local()
+
+
+def keep_connections() -> None:
+    """Mark this thread as one of the worker loop's executor's (its initializer)."""
+    _kept.on = True
+
+
 def in_db_thread(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on this (worker) thread's database connection, dropping a stale one
-    first: what a ledger call from async code runs in ``asyncio.to_thread``."""
-    from django.db import close_old_connections
+    first: what a ledger call from async code runs in ``asyncio.to_thread``. On another
+    executor's thread (the loop ``async_to_sync`` makes for an async django.tasks task, whose
+    threads end with it) the connection is closed after the call: else each call would leave
+    one open."""
+    from django.db import close_old_connections, connections
 
     close_old_connections()
-    return fn(*args)
+    try:
+        return fn(*args)
+    finally:
+        if getattr(_kept, "on", False):
+            with _executor_connections_lock:
+                _executor_connections.update(connections.all(initialized_only=True))
+        else:
+            connections.close_all()
+
+
+def close_executor_connections() -> None:
+    """Close the connections ``in_db_thread`` left, once no job runs on their threads."""
+    with _executor_connections_lock:
+        found = list(_executor_connections)
+        _executor_connections.clear()
+    for wrapper in found:
+        wrapper.inc_thread_sharing()  # closed from this thread, not the one that opened it
+        try:
+            wrapper.close()
+        finally:
+            wrapper.dec_thread_sharing()
 
 
 async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:

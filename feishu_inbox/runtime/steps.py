@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..errors import DuplicateStep, LedgerError
 from . import context, handlers, writes
 
@@ -100,7 +100,8 @@ def _run(name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
     if found:
         return value
     started = time.monotonic()
-    value = fn(*args, **kwargs)
+    with _span(name):
+        value = fn(*args, **kwargs)
     return record(ctx, name, value, time.monotonic() - started)
 
 
@@ -110,9 +111,15 @@ async def _run_async(name: str, fn: Callable[..., Any], args: Any, kwargs: Any) 
     if found:
         return value
     started = time.monotonic()
-    value = await fn(*args, **kwargs)
+    with _span(name):
+        value = await fn(*args, **kwargs)
     took = time.monotonic() - started
     return await asyncio.to_thread(handlers.in_db_thread, record, ctx, name, value, took)
+
+
+def _span(name: str) -> Any:
+    """A step's span while it runs (a memoized step, which runs nothing, has none)."""
+    return tracing.span(f"feishu_inbox step {name}", attributes={"feishu_inbox.step.name": name})
 
 
 def memoized(ctx: context.JobContext, name: str) -> tuple[bool, Any]:

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -42,7 +43,7 @@ from typing import Any, Protocol
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from .. import telemetry
+from .. import telemetry, tracing
 from ..conf import checked_settings
 from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, TimedOut
 from ..ledger import limits, pauses, retention
@@ -235,6 +236,12 @@ class _AsyncRunner:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
+                self._loop.set_default_executor(  # asyncio.to_thread: the handlers' writes
+                    ThreadPoolExecutor(
+                        thread_name_prefix="feishu-async-db",
+                        initializer=handlers.keep_connections,
+                    )
+                )
                 self._thread = threading.Thread(
                     target=self._loop.run_forever, name="feishu-async", daemon=True
                 )
@@ -260,6 +267,7 @@ class _AsyncRunner:
         thread.join(timeout)
         if not thread.is_alive():
             loop.close()
+            handlers.close_executor_connections()  # its executor's threads have ended
 
 
 class _Slots:
@@ -538,6 +546,7 @@ class Worker:
             has_steps=job.has_steps,
             on_lost=self._slots.free,
             deadline=None if timeout is None else sent + timeout,
+            trace_parent=job.trace_parent,
         )
 
     def _start(self, job: ledger.ClaimedJob, sent: float) -> None:
@@ -557,6 +566,20 @@ class Worker:
         _check_connection()
         outcome = "error"
         following: context.JobContext | None = None
+        span = tracing.start(
+            f"feishu_inbox job {event.event_type}",
+            kind="consumer",
+            parent=ctx.trace_parent,
+            link_parent=True,
+            attributes={
+                "feishu_inbox.job.id": event.job_id,
+                "feishu_inbox.event.id": event.event_id,
+                "feishu_inbox.event.type": event.event_type,
+                "feishu_inbox.app": event.app,
+                "feishu_inbox.attempt": event.attempt,
+                "feishu_inbox.worker.id": self.worker_id,
+            },
+        )
         try:
             outcome, following = self._execute(ctx)
         except LeaseLost as exc:
@@ -573,7 +596,10 @@ class Worker:
                     self._abandoned -= 1
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             took = time.monotonic() - started
-            telemetry.JOBS_FINISHED.labels(event.event_type, _outcome_label(ctx, outcome)).inc()
+            label = _outcome_label(ctx, outcome)
+            telemetry.JOBS_FINISHED.labels(event.event_type, label).inc()
+            span.set("feishu_inbox.outcome", label)
+            span.end(ctx.ended_by if label not in _CLEAN_ENDS else None)
             telemetry.HANDLER_SECONDS.labels(event.event_type).observe(took)
             self._slots.free(ctx, successor=following)
             log.info(
@@ -719,11 +745,13 @@ class Worker:
             if own_limits:
                 rate_limits.acquire(own_limits)
             if handlers.is_async(fn):
+                traced = tracing.captured()  # the job's span, on the loop's thread too
 
                 async def call() -> Any:
                     context.enter(ctx)
                     try:
-                        return await fn(ctx.event)
+                        with tracing.attached(traced):
+                            return await fn(ctx.event)
                     except (KeyboardInterrupt, SystemExit) as exc:
                         # Raised in the event loop they would stop it for every async handler.
                         raise _HandlerExit(exc) from exc
@@ -1092,6 +1120,10 @@ def _count_start(job: ledger.ClaimedJob) -> None:
 
 #: The worker's outcomes (the ledger's state after the attempt) as the metrics name them.
 _OUTCOMES = {"retry_wait": "retried", "queued": "deferred", "running": "deferred"}
+
+
+#: Outcomes whose span ends without an error status (what ended them was the ledger's word).
+_CLEAN_ENDS = frozenset({"completed", "superseded", "cancelled", "deferred"})
 
 
 def _outcome_label(ctx: context.JobContext, outcome: str) -> str:

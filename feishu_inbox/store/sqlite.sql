@@ -23,10 +23,10 @@ RETURNING head_id
 INSERT INTO {job} (app, event_id, event_type, dedupe_key, partition_key,
     private_message, payload, status, attempt, max_attempts, received_at, available_at,
     worker_id, lease_token, effects_in_flight, side_effect_started,
-    effect_uncertain, cancel_requested, error_type, error_message, resolution)
+    effect_uncertain, cancel_requested, error_type, error_message, resolution, trace_parent)
 VALUES (%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s, %(partition_key)s,
     %(private_message)s, %(payload)s, '{queued}', 0, %(max_attempts)s, now(), now(),
-    '', '', 0, FALSE, FALSE, FALSE, '', '', '')
+    '', '', 0, FALSE, FALSE, FALSE, '', '', '', %(trace_parent)s)
 ON CONFLICT (app, dedupe_key) DO NOTHING
 RETURNING id, received_at
 

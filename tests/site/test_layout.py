@@ -29,7 +29,7 @@ LAYERS = {
     "management": 5,
     "templatetags": 5,
 }
-LEAVES = {"errors", "conf", "models", "task_jobs", "telemetry"}
+LEAVES = {"errors", "conf", "models", "task_jobs", "telemetry", "tracing"}
 WIRING = {"__init__", "apps", "checks", "urls"}
 #: Imports across one layer's folders, each one way only.
 SIDEWAYS = {

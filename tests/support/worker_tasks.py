@@ -84,6 +84,13 @@ async def async_add(a: int, b: int) -> int:
 
 
 @task
+async def async_effect(a: int) -> int:
+    """An async task whose effect's ledger writes run on the event loop's executor threads."""
+    async with feishu_inbox.effect("add"):
+        return a + 1
+
+
+@task
 def logged(name: str, pause: float = 0.0) -> str:
     """Records its start and end (with the time), for ordering tests."""
     record("task_start", name, os.getpid(), time.monotonic_ns())

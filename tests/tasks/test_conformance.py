@@ -176,6 +176,7 @@ def test_call_command_runworker_burst_leaves_no_thread_and_no_connection() -> No
     for n in range(3):
         t.add.enqueue(n, n)
         t.async_add.enqueue(n, n)
+        t.async_effect.enqueue(n)  # its effect's writes open connections on executor threads
         run_worker("--concurrency", "4")
     assert threading.active_count() <= threads, [th.name for th in threading.enumerate()]
     assert open_connections() <= connections_open
