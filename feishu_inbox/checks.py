@@ -144,11 +144,7 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     from .runtime.registry import problems, registered
 
     messages: list[CheckMessage] = [
-        Error(
-            problem,
-            hint="Register exactly one callable per event type, with a valid RetryPolicy.",
-            id="feishu_inbox.E003",
-        )
+        Error(problem, hint=_handler_hint(problem), id="feishu_inbox.E003")
         for problem in problems()
     ]
     if not registered():
@@ -210,3 +206,16 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 )
             )
     return messages
+
+
+def _handler_hint(problem: str) -> str:
+    """The fix for one handler problem (``registry.problems``)."""
+    if "cannot be imported" in problem:
+        return (
+            "Create that module (e.g. mysite/feishu_handlers.py beside settings.py) or correct "
+            "its dotted path in FEISHU_INBOX['HANDLER_MODULES']: it must import from the "
+            "Python path the site runs with."
+        )
+    if " handlers for " in problem:
+        return "Register exactly one callable per event type: remove or rename the others."
+    return "Register a function (or an object with __call__) for that event type."

@@ -56,7 +56,8 @@ $$;
 -- (0025:) it stores p_trace_parent, the enqueuing caller's trace context (tracing.py).
 CREATE OR REPLACE FUNCTION feishu_inbox_enqueue(
     p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
-    p_private boolean, p_payload jsonb, p_max_attempts integer, p_trace_parent text
+    p_private boolean, p_payload jsonb, p_max_attempts integer,
+    p_trace_parent text DEFAULT ''
 ) RETURNS TABLE (job_id bigint, created boolean, received_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
     v_head bigint;
@@ -313,7 +314,7 @@ $$;
 -- feishu_inbox_claim plus one predicate (marked below): a change to one belongs in the other.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
     p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[],
-    p_excluding boolean
+    p_excluding boolean DEFAULT FALSE
 ) RETURNS SETOF {job} LANGUAGE plpgsql
 SET enable_sort = off SET enable_seqscan = off AS $$
 BEGIN
@@ -389,7 +390,8 @@ $$;
 -- NULL for a worker of every queue.
 CREATE OR REPLACE FUNCTION feishu_inbox_finish_together(
     p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[],
-    p_new_tokens text[], p_lease float8, p_prefixes text[], p_excluding boolean
+    p_new_tokens text[], p_lease float8, p_prefixes text[],
+    p_excluding boolean DEFAULT FALSE
 ) RETURNS TABLE (finished_id bigint, ended_status text, claimed {job})
 LANGUAGE plpgsql AS $$
 DECLARE

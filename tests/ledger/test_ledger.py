@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.errors import InvalidState, JobNotFound, LeaseLost, LedgerError, Superseded
-from feishu_inbox.ledger import retention
+from feishu_inbox.ledger import retention, rules
 from feishu_inbox.ledger.payloads import MAX_JSON_DEPTH
 from feishu_inbox.ledger.retry import backoff_seconds
 from feishu_inbox.ledger.stats import next_wakeup
@@ -611,11 +612,16 @@ def test_finish_and_claim_completes_and_claims_the_next_head() -> None:
     assert_mirror_consistent()
 
 
-def test_finish_and_claim_with_a_lost_lease_claims_nothing() -> None:
+def test_finish_and_claim_with_a_lost_lease_claims_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     job = EventJobFactory(partition_key="a")
     other = EventJobFactory(partition_key="b")
     lease = ledger.claim("w")[0].lease
     expire_lease(job.pk)
+    # No sweep of expired leases now (one is due each second): it would recover this job by
+    # its expiry, a change of its own, not of the refused finish.
+    monkeypatch.setattr(rules, "_last_sweep", [time.monotonic()])
     before = snapshot(job.pk)
     with pytest.raises(LeaseLost):
         ledger.finish_and_claim(lease, limit=1)

@@ -185,3 +185,18 @@ def test_django_start_up_and_checks_do_not_import_the_sdk(tmp_path: Path) -> Non
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_handler_module_that_cannot_be_imported_is_e003_with_its_own_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The HANDLER_MODULES snippet pasted before its module exists: the hint says to create
+    it, not to register one callable per event type."""
+    from feishu_inbox.checks import check_handlers
+    from feishu_inbox.runtime import registry
+
+    monkeypatch.setattr(registry, "_problems", [])
+    registry.load_modules(["mysite.feishu_handlers"])
+    [error] = [m for m in check_handlers() if m.id == "feishu_inbox.E003"]
+    assert "'mysite.feishu_handlers' cannot be imported" in error.msg
+    assert error.hint is not None and "Create that module" in error.hint

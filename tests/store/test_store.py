@@ -209,6 +209,18 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged()
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6
+    with connection.cursor() as cur:  # what a process of the version before still sends
+        cur.execute(  # (a rolling deploy): the new arguments have defaults
+            "SELECT job_id FROM feishu_inbox_enqueue('default', 'old', 't', 'old', 'old-p', "
+            "FALSE, '{}'::jsonb, NULL)"
+        )
+        cur.execute("SELECT id FROM feishu_inbox_claim_prefixed('w', 't', 60, 1, ARRAY['old-'])")
+        [(claimed,)] = cur.fetchall()
+        cur.execute(
+            "SELECT feishu_inbox_end_attempt(%s, 'w', 't', 'old-p', FALSE, '', '', 0, 0)",
+            [claimed],
+        )
+        assert cur.fetchone()[0] == "completed"
     from feishu_inbox import ledger
 
     ledger.enqueue(event_id="e", event_type="t", partition_key="p", payload={})

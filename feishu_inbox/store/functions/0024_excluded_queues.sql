@@ -8,7 +8,9 @@
 --   (tests/test_plans.py).
 -- * feishu_inbox_finish_together takes p_excluding and passes it on.
 -- feishu_inbox_claim, the unfiltered claim, is unchanged. Both signatures change, so the old
--- ones are dropped first (CREATE OR REPLACE would add an overload).
+-- ones are dropped first (CREATE OR REPLACE would add an overload); p_excluding defaults to
+-- FALSE, so a worker of the version before, still running while the migration ran (a rolling
+-- deploy), keeps claiming as it did.
 
 DROP FUNCTION IF EXISTS feishu_inbox_finish_together(
     text, bigint[], text[], text[], text[], text[], float8, text[]);
@@ -17,7 +19,7 @@ DROP FUNCTION IF EXISTS feishu_inbox_claim_prefixed(text, text, float8, integer,
 -- feishu_inbox_claim plus one predicate (marked below): a change to one belongs in the other.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
     p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[],
-    p_excluding boolean
+    p_excluding boolean DEFAULT FALSE
 ) RETURNS SETOF {job} LANGUAGE plpgsql
 SET enable_sort = off SET enable_seqscan = off AS $$
 BEGIN
@@ -73,7 +75,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION feishu_inbox_finish_together(
     p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[],
-    p_new_tokens text[], p_lease float8, p_prefixes text[], p_excluding boolean
+    p_new_tokens text[], p_lease float8, p_prefixes text[],
+    p_excluding boolean DEFAULT FALSE
 ) RETURNS TABLE (finished_id bigint, ended_status text, claimed {job})
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -3,13 +3,16 @@
 -- attempt's span in the worker is its child: one trace from the delivery to the reply.
 -- feishu_inbox_enqueue() takes p_trace_parent and writes it in the same INSERT: no statement
 -- and no round trip more, traced or not. Its signature changes: dropped and created again,
--- in the migration's transaction.
+-- in the migration's transaction. p_trace_parent defaults to '', so a web process or worker
+-- of the version before, still running while the migration ran (a rolling deploy), keeps
+-- storing events as it did.
 
 DROP FUNCTION IF EXISTS feishu_inbox_enqueue(text, text, text, text, text, boolean, jsonb, integer);
 
 CREATE FUNCTION feishu_inbox_enqueue(
     p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
-    p_private boolean, p_payload jsonb, p_max_attempts integer, p_trace_parent text
+    p_private boolean, p_payload jsonb, p_max_attempts integer,
+    p_trace_parent text DEFAULT ''
 ) RETURNS TABLE (job_id bigint, created boolean, received_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
     v_head bigint;
