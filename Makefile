@@ -17,21 +17,36 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
+.PHONY: demo docs test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
 
-$(VENV)/.installed: pyproject.toml
+# The virtual environment, with the demo's extra only (`make demo`: a fraction of the
+# development tools' size), or with everything the tests and the linters need (`.installed`).
+$(VENV)/.created:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
 	  echo "make: '$(PYTHON)' is not Python >= 3.10; choose one: make $(MAKECMDGOALS) PYTHON=python3.12"; exit 1; }
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
 	  echo "make: '$(PYTHON)' cannot create a virtual environment; Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-demo: $(VENV)/.installed
+$(VENV)/.demo: pyproject.toml $(VENV)/.created
+	$(PY) -m pip install -q -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.created
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.demo
+
+demo: $(VENV)/.demo
 	$(PY) manage.py migrate --no-input -v 0
-	$(PY) manage.py rundemo
+	DEMO_SCHEDULES=1 $(PY) manage.py rundemo
+
+# The manual, as CI builds it: every warning (a link to a page or a section that does not
+# exist, a bad directive) is an error.
+docs: $(VENV)/.installed
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "the manual: docs/_build/html/index.html"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -39,14 +54,17 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy feishu_inbox project
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@rm -rf dist/lint && mkdir -p dist && $(PY) -m build --no-isolation --outdir dist/lint . > dist/build.log 2>&1 || { cat dist/build.log; exit 1; }
+	$(VENV)/bin/twine check --strict dist/lint/*
 
 test-sqlite: $(VENV)/.installed
-	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
 # The suite creates and drops its own test database.
 test-postgres: $(VENV)/.installed
-	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
 chromium:
@@ -68,7 +86,7 @@ test: chromium prometheus $(VENV)/.installed
 test-all: lint test-sqlite test-postgres
 
 test-fast: $(VENV)/.installed
-	env -u DATABASE_URL $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles dist docs/_build

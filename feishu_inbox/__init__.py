@@ -14,7 +14,7 @@ from .runtime.registry import handler
 from .runtime.steps import step
 from .schedules import schedule
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Cancelled",

@@ -22,14 +22,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return [
             Error(
                 f"settings.FEISHU_INBOX is invalid: {exc}",
-                hint="FEISHU_INBOX is a dict of the keys listed in the README.",
+                hint="FEISHU_INBOX is a dict of the keys listed in docs/configuration.md.",
                 id="feishu_inbox.E001",
             )
         ]
     messages: list[CheckMessage] = [
         Error(
             problem,
-            hint="Fix settings.FEISHU_INBOX (see the README's configuration reference).",
+            hint="Fix settings.FEISHU_INBOX (see docs/configuration.md).",
             id="feishu_inbox.E002",
         )
         for problem in conf.validate()
@@ -38,7 +38,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages.append(
             Warning(
                 f"settings.FEISHU_INBOX has an unknown key {key!r}; it is ignored.",
-                hint="Check its spelling against the README's configuration reference.",
+                hint="Check its spelling against docs/configuration.md.",
                 id="feishu_inbox.W001",
             )
         )
@@ -168,7 +168,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         Error(
             problem,
             hint="Fix the declaration (@feishu_inbox.schedule or FEISHU_INBOX['SCHEDULES']); "
-            "see the README's Schedules section.",
+            "see docs/schedules.md.",
             id="feishu_inbox.E004",
         )
         for problem in problems()

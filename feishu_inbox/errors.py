@@ -3,7 +3,7 @@
 Each refusal has a stable ``code``, a ``message`` (what was wrong) and a ``fix`` (what to do).
 Operators see the same words, code first, in admin messages, ``manage.py inbox`` output (and
 its ``--json``) and the webhook's JSON errors. ``CATALOGUE`` is the one table of codes; the
-README prints it, and a test keeps the two and the code in step.
+docs/operating.md prints it, and a test keeps the two and the code in step.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "invalid_state": (
         "The job is not in a state this action applies to.",
-        "Choose the action its state allows (see the README's operator table).",
+        "Choose the action its state allows (the operator actions table, docs/operating.md).",
     ),
     "not_requeueable": (
         "The job is live (queued, running, waiting to retry, failed or unknown): it cannot be "

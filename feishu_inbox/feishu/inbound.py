@@ -70,11 +70,12 @@ def store(
         span.set("feishu_inbox.answer", answer)
     telemetry.DELIVERIES.labels(app, transport, answer).inc()
     log.info(
-        "%s event %s (%s, app %s) as job %s",
+        "%s event %s (type %s, app %s, partition %s) as job %s",
         answer,
         envelope.event_id,
         envelope.event_type,
         app,
+        partition_of(app, keys),
         result.job_id,
     )
     return result

@@ -16,6 +16,7 @@ import feishu_inbox
 from feishu_inbox.feishu import openapi
 
 from .models import Reply
+from .tasks import tally_replies
 
 log = logging.getLogger("feishu_inbox.demo")
 
@@ -29,6 +30,12 @@ def echo(event: feishu_inbox.Event) -> None:
         text = ""
     # 1. Think. Safe to repeat after a crash: no effect yet.
     answer = f"You said: {text}" if text else "I can only read text messages."
+    if text.strip().lower() == "tally":
+        # A background task (project/demo/tasks.py). Not an effect: a retry of this handler
+        # enqueues it again, which a count can afford; a task that must run once is enqueued
+        # with an ordering key inside an effect, or from a view's transaction.
+        result = tally_replies.enqueue()
+        answer = f"Counting the replies: task {result.id} (admin: the ledger, kind task)."
     # 2. A newer direct message from the same user? Stop here, answer that one instead.
     feishu_inbox.checkpoint()
     # 3. The reply: recorded as started before it happens. Through Feishu, a crash or a dropped

@@ -1,11 +1,12 @@
-"""The README's "Install into an existing site", done in a fresh ``startproject`` site.
+"""The manual's "Install into an existing site", done in a fresh ``startproject`` site.
 
-The steps are the README's own snippets (each fenced block after a ``<!-- site-test: NAME -->``
-comment): a README that loses a step, or whose snippet no longer works, fails here.
+The steps are the manual's own snippets (each fenced block after a ``<!-- site-test: NAME -->``
+comment, in any page of ``docs/``): a page that loses a step, or whose snippet no longer works,
+fails here. The package is installed as the manual says: a wheel built from the checkout.
 
 Cost: the site's virtual environment sees this environment's packages through a ``.pth`` file
 (Django, psycopg, pip, setuptools: nothing is downloaded, ``--no-index`` makes sure) and
-installs feishu-inbox from a copy of the checkout as the README says, dependencies resolved.
+installs feishu-inbox from a wheel built from a copy of the checkout, dependencies resolved.
 The checkout's own editable install is hidden from it.
 """
 
@@ -39,8 +40,9 @@ STEPS = (
     "app-settings",
     "handler",
     "handler-modules",
+    "logging",
 )
-#: What the README's pip line names for "the checkout".
+#: What the manual's install lines name for "the checkout".
 CHECKOUT_PLACEHOLDER = "path/to/feishu_inbox"
 #: Not part of the package: left out of the copy that is installed.
 NOT_SHIPPED = shutil.ignore_patterns(
@@ -50,17 +52,17 @@ NOT_SHIPPED = shutil.ignore_patterns(
 
 
 def readme_snippets() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
     pattern = re.compile(
         r"^( *)<!-- site-test: ([\w-]+) -->\n\1```\w*\n(.*?)\n\1```", re.MULTILINE | re.DOTALL
     )
     found: dict[str, str] = {}
-    for match in pattern.finditer(text):
-        _indent, name, body = match.groups()
-        assert name not in found, f"README has two site-test snippets named {name!r}"
-        found[name] = textwrap.dedent(body) + "\n"
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for match in pattern.finditer(page.read_text()):
+            _indent, name, body = match.groups()
+            assert name not in found, f"the manual has two site-test snippets named {name!r}"
+            found[name] = textwrap.dedent(body) + "\n"
     missing = [name for name in STEPS if name not in found]
-    assert not missing, f"README lost these install steps: {missing}"
+    assert not missing, f"the manual lost these install steps: {missing}"
     return found
 
 
@@ -130,23 +132,29 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     snippets = readme_snippets()
     venv = make_venv(tmp)
 
-    # 1. pip install, as the README says, from a copy of the checkout.
+    # 1. The wheel, built and installed as the manual says, from a copy of the checkout.
     checkout = tmp / "feishu_inbox"
     shutil.copytree(ROOT, checkout, ignore=NOT_SHIPPED, symlinks=True)
-    (line,) = [ln for ln in snippets["pip"].splitlines() if ln.strip()]
-    args = shlex.split(line, comments=True)
-    assert args[:2] == ["pip", "install"] and len(args) == 3, line
-    assert args[2].startswith(CHECKOUT_PLACEHOLDER), line
-    requirement = str(checkout) + args[2][len(CHECKOUT_PLACEHOLDER) :]
+    build, install = [ln for ln in snippets["pip"].splitlines() if ln.strip()]
+    build_args = shlex.split(build.replace(CHECKOUT_PLACEHOLDER, str(checkout)), comments=True)
+    assert build_args[:4] == ["python", "-m", "build", "--wheel"], build
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # this environment's build backend (setuptools), no download: --no-isolation
     subprocess.run(
-        [
-            str(venv / "bin/python"),
-            *("-m", "pip", "install", "-q", "--no-index", "--no-build-isolation"),
-            requirement,
-        ],
+        [sys.executable, *build_args[1:], "--no-isolation"],
         check=True,
         timeout=300,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+        env=clean,
+        capture_output=True,
+    )
+    assert len(list((checkout / "dist").glob("feishu_inbox-*.whl"))) == 1
+    install_args = shlex.split(install.replace(CHECKOUT_PLACEHOLDER, str(checkout)), comments=True)
+    assert install_args[:2] == ["pip", "install"] and "--find-links" in install_args, install
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", *install_args[2:]],
+        check=True,
+        timeout=300,
+        env=clean,
     )
 
     env = {
@@ -178,6 +186,16 @@ def test_the_installed_package_is_the_built_one_with_its_data(site_dir: Site) ->
         "assert (p / 'migrations/0001_ledger.py').is_file(); assert (p / 'py.typed').is_file()",
     ).stdout.strip()
     assert Path(where).is_relative_to(site_dir.venv), where  # not the checkout
+    version = site_dir.run(
+        "-c", "import importlib.metadata as m; print(m.version('feishu-inbox'))"
+    ).stdout.strip()
+    assert f'version = "{version}"' in (ROOT / "pyproject.toml").read_text()
+    installer = site_dir.run(
+        "-c",
+        "import importlib.metadata as m; d = m.distribution('feishu-inbox'); "
+        "print(d.read_text('WHEEL'))",
+    ).stdout
+    assert "Root-Is-Purelib: true" in installer  # installed from the wheel
     pip_check = site_dir.run("-m", "pip", "check")  # the [postgres] extra's requirements too
     assert "No broken requirements" in pip_check.stdout
 
@@ -191,7 +209,7 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
     def configure(*parts: str) -> None:
         settings.write_text(project_settings + "".join("\n" + snippets[p] for p in parts))
 
-    configure("settings")
+    configure("settings", "logging")
     urls.write_text(project_urls + "\n" + snippets["urls"])
     site_dir.shell(snippets["migrate"])
     check = site_dir.run("manage.py", "check")
@@ -199,13 +217,15 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
     assert re.findall(r"feishu_inbox\.[EW]\d+", check.stderr) == ["feishu_inbox.W004"], check.stderr
 
     port = free_port()
-    server = subprocess.Popen(
-        [site_dir.python, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=site_dir.root,
-        env=site_dir.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server_log = site_dir.root / "server.log"
+    with server_log.open("w") as log_file:
+        server = subprocess.Popen(
+            [site_dir.python, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+            cwd=site_dir.root,
+            env=site_dir.env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     try:
         wait_for(lambda: port_open(port) or server.poll() is not None, 60, "runserver")
         assert server.poll() is None, "runserver exited at start"
@@ -224,6 +244,10 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
         # says so.
         (site_dir.root / "mysite" / "feishu_handlers.py").write_text(snippets["handler"])
         first = deliver("one")
+        # The web process logs the stored event through the manual's LOGGING.
+        stored = f"INFO feishu_inbox.inbound stored event {first} (type im.message.receive_v1, "
+        wait_for(lambda: stored in server_log.read_text(), 10, "the stored event's log line")
+        assert "as job 1" in server_log.read_text().split(stored, 1)[1].splitlines()[0]
         worker = site_dir.run("manage.py", "runworker", "--burst")
         assert "handler modules: none; event types: none" in worker.stderr, worker.stderr
         assert "no handler is registered" in worker.stderr
@@ -234,7 +258,7 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
         )
 
         # Listed in HANDLER_MODULES, the same module is imported.
-        configure("settings", "handler-modules")
+        configure("settings", "logging", "handler-modules")
         second = deliver("two")
         worker = site_dir.run("manage.py", "runworker", "--burst")
         assert (
@@ -244,9 +268,9 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
         assert f"{second}: two" in worker.stdout
         assert (site_dir.job(2)["status"], site_dir.job(2)["error_type"]) == ("completed", "")
 
-        # The first place the README names: feishu_handlers.py in an installed app.
+        # The first place the manual names: feishu_handlers.py in an installed app.
         site_dir.shell(snippets["startapp"])
-        configure("settings", "app-settings")
+        configure("settings", "logging", "app-settings")
         (site_dir.root / "bot" / "feishu_handlers.py").write_text(snippets["handler"])
         third = deliver("three")
         worker = site_dir.run("manage.py", "runworker", "--burst")

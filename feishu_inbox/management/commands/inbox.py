@@ -504,7 +504,7 @@ class Command(BaseCommand):
             self._print_json([v.as_dict() for v in views])
             return
         if not views:
-            self.stdout.write("no schedules declared (see the README's Schedules section)")
+            self.stdout.write("no schedules declared (see docs/schedules.md)")
         for v in views:
             d = v.as_dict()
             when = (
