@@ -132,7 +132,7 @@ def check_openapi_credentials(app_configs: Any = None, **kwargs: Any) -> list[Ch
             Error(
                 "Open API credentials are set for Feishu app "
                 f"{', '.join(map(repr, replying))}, but Feishu's SDK (lark-oapi) is not installed.",
-                hint="pip install 'feishu-inbox[openapi]'.",
+                hint="pip install lark-oapi (the openapi extra).",
                 id="feishu_inbox.E005",
             )
         )
@@ -191,7 +191,7 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 Error(
                     f"Task backend {alias!r} is feishu_inbox.tasks.LedgerBackend, but neither "
                     "django.tasks (Django 6) nor the django-tasks backport is installed.",
-                    hint="pip install 'feishu-inbox[tasks]' (or upgrade to Django 6).",
+                    hint="pip install django-tasks (the tasks extra), or upgrade to Django 6.",
                     id="feishu_inbox.E008",
                 )
             )

@@ -144,7 +144,7 @@ def _build(creds: Credentials) -> lark_oapi.Client:
     except ImportError as exc:
         raise ConfigurationError(
             f"Feishu app {creds.app!r} has an APP_ID, but the Feishu SDK is not installed ({exc}).",
-            fix="pip install 'feishu-inbox[openapi]' (it brings lark-oapi).",
+            fix="pip install lark-oapi (the openapi extra).",
         ) from exc
     return (
         lark_oapi.Client.builder()

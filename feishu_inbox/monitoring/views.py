@@ -60,7 +60,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return response
     if not available():
         return HttpResponse(
-            "Metrics need prometheus-client: pip install 'feishu-inbox[metrics]'.\n",
+            "Metrics need prometheus-client: pip install prometheus-client (the metrics extra).\n",
             status=501,
             content_type="text/plain; charset=utf-8",
         )

@@ -1,7 +1,7 @@
 """The tasks framework this site has: Django 6's ``django.tasks``, else the ``django-tasks``
-backport of Django 5.2 (``pip install feishu-inbox[tasks]``). Both offer the same API under
-two package names; this module names what ``tasks/__init__.py`` and ``tasks/jobs.py`` use, from
-whichever is present (``django.tasks`` first).
+backport of Django 5.2 (``pip install django-tasks``, the ``tasks`` extra). Both offer the
+same API under two package names; this module names what ``tasks/__init__.py`` and
+``tasks/jobs.py`` use, from whichever is present (``django.tasks`` first).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _backport() -> Any:
         raise ConfigurationError(
             "feishu_inbox.tasks needs Django's tasks framework: Django 6's django.tasks, or on "
             "Django 5.2 the django-tasks backport, and neither is installed.",
-            fix="pip install 'feishu-inbox[tasks]' (or upgrade to Django 6).",
+            fix="pip install django-tasks (the tasks extra), or upgrade to Django 6.",
         ) from None
     utils = import_module("django_tasks.utils")
     return _names(

@@ -59,6 +59,17 @@ def test_operator_reconciles_unknown_jobs_in_the_browser(
     page.fill("#id_password", "s3cret-pw")
     page.click("input[type=submit]")
     page.wait_for_selector("#result_list")
+    # The whole list fits a 1,400 px window: no column behind a horizontal scroll.
+    widths = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results');"
+        " const last = document.querySelector('#result_list thead th:last-child');"
+        " return [r.scrollWidth, r.clientWidth, last.getBoundingClientRect().right,"
+        " document.documentElement.scrollWidth, window.innerWidth]; }"
+    )
+    page.screenshot(path=str(shots / "list.png"), full_page=True)
+    scroll, visible, last_right, page_width, window_width = widths
+    assert scroll <= visible and last_right <= window_width, widths
+    assert page_width <= window_width, widths
 
     # A dashboard left open in another tab must follow the change without a reload.
     dashboard = browser_page.new_page()

@@ -163,7 +163,8 @@ class Command(BaseCommand):
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
         if not monitoring.available():
             raise CommandError(
-                "--metrics-port needs prometheus-client: pip install 'feishu-inbox[metrics]'."
+                "--metrics-port needs prometheus-client (the metrics extra): "
+                "pip install prometheus-client."
             )
         try:
             server = monitoring.serve(options["metrics_host"], port, worker.health)

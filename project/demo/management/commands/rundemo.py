@@ -68,7 +68,7 @@ class Command(BaseCommand):
         ]
         self.stdout.write(
             f"Webhook: http://{options['bind']}/feishu/events/  "
-            f"Admin: http://{options['bind']}/admin/ (python manage.py createsuperuser)\n"
+            f"Admin: http://{options['bind']}/admin/ ({_python()} manage.py createsuperuser)\n"
             "Ctrl-C stops both."
         )
         stopping = False
@@ -89,3 +89,11 @@ class Command(BaseCommand):
                 p.wait(40)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _python() -> str:
+    """This interpreter as a command to paste in another terminal (the checkout's .venv)."""
+    try:
+        return os.path.relpath(sys.executable)
+    except ValueError:  # another drive (Windows)
+        return sys.executable
