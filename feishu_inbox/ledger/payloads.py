@@ -55,20 +55,58 @@ REDACTED = "<redacted: the app's Verification Token>"
 _TOKEN_FIELD = re.compile(r'("token"\s*:\s*)"(?:[^"\\]|\\.)*"')
 
 
+#: The keys of an app's settings that hold a secret (``FEISHU_INBOX["APPS"][name]``), and
+#: the shortest value treated as one (a shorter value would redact ordinary words).
+SECRET_KEYS = ("ENCRYPT_KEY", "VERIFICATION_TOKEN", "APP_SECRET")
+SHORTEST_SECRET = 8
+
+
+def app_secrets() -> dict[str, str]:
+    """Every configured app's secret values, each naming where it comes from."""
+    from ..conf import checked_settings
+
+    found: dict[str, str] = {}
+    for name, app in checked_settings().APPS.items():
+        for key in SECRET_KEYS:
+            value = app.get(key)
+            if isinstance(value, str) and len(value) >= SHORTEST_SECRET:
+                found[value] = f"<redacted: the {key} of app {name}>"
+    return found
+
+
+def _scrub(text: str, secrets: dict[str, str]) -> str:
+    for value, placeholder in secrets.items():
+        if value in text:
+            text = text.replace(value, placeholder)
+    return text
+
+
 def without_secrets(payload: Any) -> Any:
-    """The payload to show an operator: its Verification Token replaced (a copy)."""
+    """The payload to show an operator (a copy): its Verification Token replaced, and any
+    app's secret (``SECRET_KEYS``) wherever a string holds it — a message that quotes one."""
+    secrets = app_secrets()
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, str):
+            return _scrub(value, secrets) if secrets else value
+        if isinstance(value, dict):
+            return {k: shown(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shown(v) for v in value]
+        return value
+
     if not isinstance(payload, dict):
-        return payload
-    shown = dict(payload)
-    if isinstance(shown.get("token"), str):
-        shown["token"] = REDACTED
-    header = shown.get("header")
+        return shown(payload)
+    copy = dict(payload)
+    if isinstance(copy.get("token"), str):
+        copy["token"] = REDACTED
+    header = copy.get("header")
     if isinstance(header, dict) and isinstance(header.get("token"), str):
-        shown["header"] = {**header, "token": REDACTED}
-    return shown
+        copy["header"] = {**header, "token": REDACTED}
+    return shown(copy)
 
 
 def text_without_secrets(raw: str) -> str:
     """The same for a payload's text that is not parsed (too deep to indent): every
-    ``"token": "…"`` field's value replaced."""
-    return _TOKEN_FIELD.sub(lambda m: m.group(1) + f'"{REDACTED}"', raw)
+    ``"token": "…"`` field's value replaced, and every app's secret."""
+    return _scrub(_TOKEN_FIELD.sub(lambda m: m.group(1) + f'"{REDACTED}"', raw), app_secrets())

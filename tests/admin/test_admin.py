@@ -462,3 +462,24 @@ def test_the_job_page_and_inbox_show_hide_the_verification_token(operator: Clien
     assert EventJob.objects.get(pk=job.pk).payload["header"]["token"] == secret  # kept as stored
     deep = '{"a": [[[{"token": "' + secret + '", "x": "\\"token\\": \\"y\\""}]]]}'
     assert secret not in text_without_secrets(deep) and REDACTED in text_without_secrets(deep)
+
+
+def test_no_page_shows_a_secret_of_an_apps_settings(operator: Client) -> None:
+    """A message that quotes an app's Encrypt Key or App Secret (pasted into a chat by
+    mistake) is shown with the secret replaced, on the job page and by inbox show."""
+    from django.conf import settings
+
+    apps = {
+        "default": {"ENCRYPT_KEY": "ek-0123456789-secret", "VERIFICATION_TOKEN": "short"},
+        "bot": {"APP_ID": "cli_1", "APP_SECRET": "as-9876543210-secret"},
+    }
+    text = "my keys: ek-0123456789-secret and as-9876543210-secret, token short"
+    job = EventJobFactory(payload={"event": {"message": {"content": [{"text": text}]}}})
+    with override_settings(FEISHU_INBOX={**settings.FEISHU_INBOX, "APPS": apps}):
+        html = operator.get(f"/admin/feishu_inbox/eventjob/{job.pk}/change/").content.decode()
+        out = StringIO()
+        call_command("inbox", "show", str(job.pk), "--json", stdout=out)
+    for shown in (html, out.getvalue()):
+        assert "0123456789" not in shown and "9876543210" not in shown
+        assert "the ENCRYPT_KEY of app default" in shown and "the APP_SECRET of app bot" in shown
+        assert "token short" in shown  # too short to be treated as a secret
