@@ -4,7 +4,8 @@
   (``--base``, e.g. a worktree of the commit before flow control), in alternating rounds: a
   site that declares no limit should see no difference beyond noise;
 - the cost of a job that takes a rate-limit token: no-op jobs that each take one token of
-  their chat's bucket (spread rows), and of one bucket all share (one hot row).
+  their chat's bucket (spread rows), and of one bucket all share (one hot row), in both
+  checkouts.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python bench/flow_control.py --base /tmp/base [--jobs 5000] [--rounds 3]
@@ -97,7 +98,9 @@ def main() -> None:
             ("noop 2x4", ROOT, ours, 2, 4, "bench.noop"),
             ("base noop 2x4", args.base, base, 2, 4, "bench.noop"),
             ("token of its chat 1x4", ROOT, ours, 1, 4, "bench.limited"),
+            ("base token of its chat 1x4", args.base, base, 1, 4, "bench.limited"),
             ("token of one shared bucket 1x4", ROOT, ours, 1, 4, "bench.limited_app"),
+            ("base token of one shared bucket 1x4", args.base, base, 1, 4, "bench.limited_app"),
         ):
             rate = throughput(tree, url, procs, slots, args.jobs, kind)
             rows.setdefault(label, []).append(rate)
@@ -107,7 +110,13 @@ def main() -> None:
     print(json.dumps({k: [round(x) for x in v] for k, v in rows.items()}, indent=2))
     for label in ("token of its chat 1x4", "token of one shared bucket 1x4"):
         extra = (1 / med[label] - 1 / noop) * 4 * 1000  # per job, per slot
-        print(f"{label}: {med[label]:,.0f} jobs/s, ~{extra:.2f} ms more per job per slot")
+        base_noop, base_rate = med["base noop 1x4"], med["base " + label]
+        base_extra = (1 / base_rate - 1 / base_noop) * 4 * 1000
+        print(
+            f"{label}: {med[label]:,.0f} jobs/s, ~{extra:.2f} ms more per job per slot; "
+            f"base {base_rate:,.0f} jobs/s, ~{base_extra:.2f} ms (ratio "
+            f"{med[label] / base_rate:.2f})"
+        )
     print(
         f"no limits declared: 1x4 {med['noop 1x4']:,.0f} vs base {med['base noop 1x4']:,.0f} "
         f"(ratio {med['noop 1x4'] / med['base noop 1x4']:.2f}); 2x4 {med['noop 2x4']:,.0f} vs "

@@ -27,6 +27,18 @@ def take(buckets: Sequence[Bucket]) -> float:
     if not buckets:
         return 0.0
     wanted = {b.key: b for b in buckets}
+    keys = sorted(wanted)
+    specs = [wanted[k] for k in keys]
+    rates, bursts = [b.per_second for b in specs], [b.capacity for b in specs]
+    one = store().take_tokens(keys, rates, bursts)  # PostgreSQL: one statement
+    if one is not None:
+        wait, found = one
+        if found == len(keys):
+            return wait
+        _create(wanted, store().clock())  # a bucket seen for the first time: full
+        again = store().take_tokens(keys, rates, bursts)
+        assert again is not None
+        return again[0]
     with store().transaction():
         rows = _locked(wanted, store().clock())
         now = store().clock()  # after the locks: a take that waited for them counts from here
@@ -68,23 +80,27 @@ def _locked(wanted: Mapping[str, Bucket], now: datetime) -> list[RateBucket]:
     keys = sorted(wanted)
     rows = list(RateBucket.objects.select_for_update().filter(key__in=keys).order_by("key"))
     if len(rows) < len(keys):
-        found = {r.key for r in rows}
-        RateBucket.objects.bulk_create(
-            [
-                RateBucket(
-                    key=k,
-                    tokens=wanted[k].capacity,
-                    rate=wanted[k].per_second,
-                    burst=wanted[k].capacity,
-                    updated_at=now,
-                )
-                for k in keys
-                if k not in found
-            ],
-            ignore_conflicts=True,
-        )
+        _create(wanted, now, found={r.key for r in rows})
         rows = list(RateBucket.objects.select_for_update().filter(key__in=keys).order_by("key"))
     return rows
+
+
+def _create(wanted: Mapping[str, Bucket], now: datetime, found: set[str] | None = None) -> None:
+    """The rows of buckets seen for the first time, full (another taker's win is kept)."""
+    RateBucket.objects.bulk_create(
+        [
+            RateBucket(
+                key=k,
+                tokens=b.capacity,
+                rate=b.per_second,
+                burst=b.capacity,
+                updated_at=now,
+            )
+            for k, b in sorted(wanted.items())
+            if found is None or k not in found
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def _level(row: RateBucket, spec: Bucket, now: datetime) -> float:

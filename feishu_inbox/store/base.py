@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -481,6 +481,14 @@ class SqlStore:
 
     def estimate_jobs(self) -> int | None:
         """The planner's row estimate of the job table, where the database keeps one."""
+        return None
+
+    def take_tokens(
+        self, keys: Sequence[str], rates: Sequence[float], bursts: Sequence[float]
+    ) -> tuple[float, int] | None:
+        """One token from each bucket, all or none, in one statement: (the wait, the rows
+        found), or None where the database runs the steps one by one (``ledger/buckets.py``:
+        SQLite, whose transactions are local)."""
         return None
 
     def due_and_delayed(self) -> tuple[int, int]:

@@ -353,5 +353,13 @@ class PostgresStore(SqlStore):
             for r in found  # one row per finish, in their order
         ]
 
+    def take_tokens(
+        self, keys: Sequence[str], rates: Sequence[float], bursts: Sequence[float]
+    ) -> tuple[float, int] | None:
+        found = self.rows(
+            "take_tokens", {"keys": list(keys), "rates": list(rates), "bursts": list(bursts)}
+        )[0]
+        return float(found["wait"]), int(found["found"])
+
     def estimate_jobs(self) -> int | None:
         return int(self.rows("estimate_jobs")[0]["n"])

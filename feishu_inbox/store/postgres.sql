@@ -151,3 +151,49 @@ LEFT JOIN LATERAL (
 -- The database's clock as it runs (now() is the transaction's start: a rate limit's bucket
 -- read inside a caller's own transaction must still see time pass).
 SELECT clock_timestamp() AS now
+
+-- take_tokens --
+-- One token from each of the buckets %(keys)s (rates %(rates)s per second, bursts %(bursts)s),
+-- all or none, in one statement (ledger/buckets.py: take): lock the rows in key order, read
+-- the clock once every lock is held (so a take that waited for one counts from then), then
+-- refill, take (or count a refusal) and answer the wait: 0 when taken, else the seconds until
+-- every bucket could give one (the longest refill or block), and how many rows were found (a
+-- bucket seen for the first time has none yet: the caller creates it and takes again).
+-- Only on PostgreSQL: SQLite, whose transactions are local, runs the same steps one by one.
+WITH wanted AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(rates)s::float8[], %(bursts)s::float8[])
+        AS w(key, rate, burst)
+), locked AS (
+    SELECT b.key, b.tokens, b.updated_at, b.blocked_until, w.rate, w.burst
+    FROM {rate_bucket} b JOIN wanted w ON w.key = b.key
+    ORDER BY b.key
+    FOR UPDATE OF b
+), stamp AS (
+    -- after every lock: count(*) reads all of locked first; a bucket without its row yet
+    -- changes nothing (complete is false: the caller creates it and takes again)
+    SELECT clock_timestamp() AS now, count(*) AS found,
+        count(*) = (SELECT count(*) FROM wanted) AS complete
+    FROM locked
+), levels AS (
+    SELECT l.key, l.rate, l.burst, l.blocked_until, s.now,
+        LEAST(l.burst, l.tokens + GREATEST(EXTRACT(EPOCH FROM s.now - l.updated_at), 0) * l.rate)
+            AS level
+    FROM locked l CROSS JOIN stamp s
+), verdict AS (
+    SELECT COALESCE(MAX(CASE
+        WHEN blocked_until > now THEN EXTRACT(EPOCH FROM blocked_until - now)
+        WHEN level >= 1 THEN 0
+        ELSE (1 - level) / rate END), 0)::float8 AS wait
+    FROM levels
+), taken AS (
+    UPDATE {rate_bucket} b SET
+        tokens = l.level - CASE WHEN v.wait = 0 THEN 1 ELSE 0 END,
+        updated_at = GREATEST(l.now, b.updated_at),
+        rate = l.rate,
+        burst = l.burst,
+        taken = b.taken + CASE WHEN v.wait = 0 THEN 1 ELSE 0 END,
+        refused = b.refused + CASE WHEN v.wait = 0 THEN 0 ELSE 1 END
+    FROM levels l CROSS JOIN verdict v CROSS JOIN stamp s
+    WHERE b.key = l.key AND s.complete
+)
+SELECT v.wait, s.found FROM verdict v CROSS JOIN stamp s

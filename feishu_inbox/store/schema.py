@@ -14,6 +14,7 @@ from ..models import (
     Maintenance,
     Partition,
     PartitionState,
+    RateBucket,
     Schedule,
     Status,
     Step,
@@ -25,6 +26,7 @@ ATTEMPT_TABLE = Attempt._meta.db_table
 MAINTENANCE_TABLE = Maintenance._meta.db_table
 STEP_TABLE = Step._meta.db_table
 CARD_STREAM_TABLE = CardStream._meta.db_table
+RATE_BUCKET_TABLE = RateBucket._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
@@ -133,6 +135,7 @@ SQL_NAMES: dict[str, str] = {
     "maintenance": MAINTENANCE_TABLE,
     "step": STEP_TABLE,
     "card_stream": CARD_STREAM_TABLE,
+    "rate_bucket": RATE_BUCKET_TABLE,
     "schedule": SCHEDULE_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)

@@ -127,6 +127,20 @@ def test_a_token_of_every_bucket_or_of_none() -> None:
     assert "t:a: 0.0 of 3 tokens at 3/s, blocked until" in out.getvalue()
 
 
+def test_a_first_take_beside_a_known_bucket_takes_one_token_of_each() -> None:
+    """A take over a bucket with a row and one without: the one without is created full, and
+    each gives exactly one token (PostgreSQL's one statement changes nothing until every row
+    is there, then takes again)."""
+    app = RateLimit("t2:{app}", 3, burst=3).bucket({"app": "a"})
+    assert buckets.take([app]) == 0.0
+    chat = RateLimit("t2:{app}:chat:{chat_id}", 2).bucket({"app": "a", "chat_id": "new"})
+    assert buckets.take([chat, app]) == 0.0
+    rows = {r.key: r for r in RateBucket.objects.filter(key__startswith="t2:")}
+    assert (rows["t2:a"].taken, rows["t2:a:chat:new"].taken) == (2, 1)
+    assert round(rows["t2:a"].tokens) == 1 and round(rows["t2:a:chat:new"].tokens) == 1
+    assert rows["t2:a"].refused == rows["t2:a:chat:new"].refused == 0
+
+
 def test_a_bucket_refills_at_its_rate() -> None:
     fast = RateLimit("t:fast", 20, burst=1).bucket({})
     assert buckets.take([fast]) == 0.0
