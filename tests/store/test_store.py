@@ -150,21 +150,17 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             )
             return int(cur.fetchone()[0])
 
-    def finish_together_arguments() -> int:
+    def arguments(function: str) -> int:
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT pronargs FROM pg_proc WHERE proname = 'feishu_inbox_finish_together'"
-            )
+            cur.execute("SELECT pronargs FROM pg_proc WHERE proname = %s", [function])
             [(count,)] = cur.fetchall()  # one version: never an overload left behind
             return int(count)
 
+    def finish_together_arguments() -> int:
+        return arguments("feishu_inbox_finish_together")
+
     def claim_prefixed_arguments() -> int:
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT pronargs FROM pg_proc WHERE proname = 'feishu_inbox_claim_prefixed'"
-            )
-            [(count,)] = cur.fetchall()  # one version: never an overload left behind
-            return int(count)
+        return arguments("feishu_inbox_claim_prefixed")
 
     def end_attempt_merged() -> bool:
         """0015: the job's update and its history row are one statement."""
