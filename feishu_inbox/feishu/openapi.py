@@ -79,6 +79,11 @@ REQUEST_TIMEOUT = 10.0
 #: When a rate-limited answer names no reset time (no ``x-ogw-ratelimit-reset`` nor
 #: ``Retry-After``): Feishu's frequency windows are a second or a minute.
 RATE_LIMIT_DEFAULT_WAIT = timedelta(seconds=10)
+#: ``send_message`` and ``reply_message`` wait out a 429 whose reset comes within this many
+#: seconds and send again (a 429 created nothing): a site's own effect around them then ends
+#: done instead of ``unknown``. ``feishu_inbox.reply`` passes 0: it blocks the ledger's bucket
+#: and hands the job back instead, so that every worker waits for the reset.
+RATE_LIMIT_PATIENCE = 5.0
 #: A reset time further away than this is taken as this (a garbled header parks nothing for
 #: days; a limit still in force answers 429 again).
 RATE_LIMIT_LONGEST_WAIT = timedelta(hours=1)
@@ -198,13 +203,16 @@ def send_message(
     receive_id_type: str = "chat_id",
     msg_type: str = "text",
     uuid: str,
+    rate_limit_patience: float = RATE_LIMIT_PATIENCE,
 ) -> str:
     """Send a message to a chat or a user (``POST /open-apis/im/v1/messages``); return its id.
 
     ``content`` is a dict (serialised to the JSON string Feishu wants) or a str: for
     ``msg_type="text"`` a str is the text itself (sent as ``{"text": content}``, even when it
     looks like JSON); for any other type a str is the content's JSON, sent as it is. ``uuid``
-    (1 to 50 characters): a repeat within an hour creates no second message.
+    (1 to 50 characters): a repeat within an hour creates no second message. A 429 whose
+    reset comes within ``rate_limit_patience`` seconds is waited out and the message sent
+    again; a later one raises ``FeishuRateLimited``.
     """
     problems = _common_problems(msg_type, uuid)
     if not isinstance(receive_id, str) or not receive_id:
@@ -230,7 +238,8 @@ def send_message(
             .build()
         )
 
-    return _message_id(app, f"send a message to {receive_id_type} {receive_id}", request)
+    what = f"send a message to {receive_id_type} {receive_id}"
+    return _message_id(app, what, request, rate_limit_patience)
 
 
 def reply_message(
@@ -241,10 +250,11 @@ def reply_message(
     msg_type: str = "text",
     reply_in_thread: bool = False,
     uuid: str,
+    rate_limit_patience: float = RATE_LIMIT_PATIENCE,
 ) -> str:
     """Reply to a message (``POST /open-apis/im/v1/messages/{message_id}/reply``); return the
-    reply's id. ``content`` and ``uuid`` as for ``send_message``; ``reply_in_thread`` answers in
-    the message's thread (topic) instead of the chat."""
+    reply's id. ``content``, ``uuid`` and ``rate_limit_patience`` as for ``send_message``;
+    ``reply_in_thread`` answers in the message's thread (topic) instead of the chat."""
     problems = _common_problems(msg_type, uuid)
     if not isinstance(message_id, str) or not message_id:
         problems.append(f"message_id must be a non-empty string (got {message_id!r})")
@@ -266,7 +276,7 @@ def reply_message(
             .build()
         )
 
-    return _message_id(app, f"reply to message {message_id}", request)
+    return _message_id(app, f"reply to message {message_id}", request, rate_limit_patience)
 
 
 def _common_problems(msg_type: object, uuid: object) -> list[str]:
@@ -323,8 +333,8 @@ def _check_size(body: dict[str, Any], msg_type: str, problems: list[str]) -> Non
 # --- calling, and what the answer means ---------------------------------------------------
 
 
-def _message_id(app: str, what: str, make_request: Any) -> str:
-    data = call(app, what, make_request)
+def _message_id(app: str, what: str, make_request: Any, patience: float) -> str:
+    data = call(app, what, make_request, rate_limit_patience=patience)
     message_id = data.get("message_id") if isinstance(data, dict) else None
     if not isinstance(message_id, str) or not message_id:  # sent again, the uuid gives its id
         raise FeishuTransientError(
@@ -336,16 +346,19 @@ def _message_id(app: str, what: str, make_request: Any) -> str:
     return message_id
 
 
-def call(app: str, what: str, make_request: Any) -> Any:
+def call(app: str, what: str, make_request: Any, *, rate_limit_patience: float = 0.0) -> Any:
     """Make one Open API request (again once, with a fresh token, if Feishu calls the token
-    invalid); return the answer's ``data``, or raise the typed error for what went wrong."""
+    invalid; again after a 429 whose reset comes within ``rate_limit_patience`` seconds of the
+    first try); return the answer's ``data``, or raise the typed error for what went wrong."""
     import requests
     from lark_oapi.core.exception import ObtainAccessTokenException, UnmarshalException
     from lark_oapi.core.model import RequestOption
 
     creds = credentials(app)
     c = _client(creds)
-    for fresh_token in (False, True):
+    patient_until = time.monotonic() + rate_limit_patience
+    fresh_token = False
+    while True:
         option = RequestOption.builder().headers({"Content-Type": JSON_CONTENT_TYPE})
         request = make_request()
         api = _api_name(request)
@@ -386,7 +399,20 @@ def call(app: str, what: str, make_request: Any) -> Any:
         if answer.code == TOKEN_INVALID_CODE and not fresh_token:
             log.warning("Feishu app %r: the tenant token was refused; fetching a new one", app)
             _forget_token(creds.app_id)  # revoked or rotated early: fetch a new one, once
+            fresh_token = True
             continue
+        if answer.result() == "rate_limited" and rate_limit_patience > 0:
+            wait = max((answer.reset_at() - _now()).total_seconds(), 0.05)
+            if time.monotonic() + wait <= patient_until:
+                log.info(
+                    "Feishu app %r: %s rate-limited (429); nothing was created, sending again "
+                    "in %.2fs",
+                    app,
+                    api,
+                    wait,
+                )
+                time.sleep(wait)  # the handler's own wait, as for any slow call; leases renew
+                continue
         break
     error = answer.error(app, what)
     if error:

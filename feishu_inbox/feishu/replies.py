@@ -72,6 +72,7 @@ def reply(
             msg_type=msg_type,
             reply_in_thread=reply_in_thread,
             uuid=key,
+            rate_limit_patience=0,  # a 429: the bucket is blocked, the job waits (_idempotent)
         )
 
     return _idempotent(event.app, name, idempotent_for, margin, call, buckets)
@@ -93,7 +94,13 @@ def send(
 
     def call(key: str) -> str:
         return openapi.send_message(
-            app, receive_id, content, receive_id_type=receive_id_type, msg_type=msg_type, uuid=key
+            app,
+            receive_id,
+            content,
+            receive_id_type=receive_id_type,
+            msg_type=msg_type,
+            uuid=key,
+            rate_limit_patience=0,  # a 429: the bucket is blocked, the job waits (_idempotent)
         )
 
     to_chat = receive_id_type == "chat_id"

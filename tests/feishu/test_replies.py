@@ -4,6 +4,7 @@ the local fake of Feishu (tests/support/fake_feishu.py), in the ledger of the te
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import lark_oapi
@@ -16,6 +17,7 @@ from feishu_inbox.errors import (
     ConfigurationError,
     Deferred,
     FeishuBusinessError,
+    FeishuRateLimited,
     FeishuTransientError,
     InvalidMessage,
     LedgerError,
@@ -29,6 +31,7 @@ from tests.support.fake_feishu import (
     RATE_LIMIT,
     SERVER_ERROR,
     FakeFeishu,
+    Fault,
 )
 from tests.support.ledger_helpers import make_due, snapshot
 
@@ -177,3 +180,34 @@ def test_send_and_the_client_and_one_token_for_many_messages(fake_feishu: FakeFe
     app_id = feishu_inbox.client("bot").config.app_id
     assert isinstance(feishu_inbox.client("bot"), lark_oapi.Client)
     assert fake_feishu.token_requests(app_id) == 1
+
+
+def test_a_sites_own_effect_waits_out_a_short_429_and_ends_done(
+    fake_feishu: FakeFeishu,
+) -> None:
+    """A site that calls the Open API itself, inside its own effect: a 429 created nothing,
+    so a reset within RATE_LIMIT_PATIENCE is waited out and the message sent again; the
+    effect ends done, not uncertain (the job is not unknown)."""
+    from feishu_inbox.feishu import openapi
+
+    job = message_job(fake_feishu)
+    fake_feishu.fail_next(Fault("rate_limit", reset_seconds=0.3))
+    claimed = claim_one()
+    started = time.monotonic()
+    with InHandler(claimed), feishu_inbox.effect("notify"):
+        openapi.send_message("bot", "oc_1", "hello", uuid=f"notify:{job.pk}")
+    assert 0.25 < time.monotonic() - started < 3
+    assert [r.outcome for r in fake_feishu.requests] == ["rate_limit", "created"]
+    stored = EventJob.objects.get(pk=job.pk)
+    assert not stored.effect_uncertain and stored.effects_in_flight == 0
+    assert ledger.finish(claimed.lease) == "completed"
+
+
+def test_a_429_past_the_patience_raises_at_once(fake_feishu: FakeFeishu) -> None:
+    from feishu_inbox.feishu import openapi
+
+    fake_feishu.fail_next(Fault("rate_limit", reset_seconds=30))
+    started = time.monotonic()
+    with pytest.raises(FeishuRateLimited):
+        openapi.send_message("bot", "oc_1", "hello", uuid="u-late")
+    assert time.monotonic() - started < 2 and fake_feishu.messages == []
