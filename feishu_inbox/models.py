@@ -495,6 +495,24 @@ class ConcurrencyKey(models.Model):
         return f"{self.key} (at most {self.limit} running)"
 
 
+class ConcurrencyWaiter(models.Model):
+    """A job parked until a slot of its concurrency key is given back (``ledger/concurrency.py``):
+    the job that gives one back makes the oldest waiters due at once, instead of every waiter
+    trying again every half second."""
+
+    key = models.CharField(max_length=255)
+    job_id = models.BigIntegerField()
+    parked_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["key", "job_id"], name="one_wait_per_job_and_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: job #{self.job_id} waits"
+
+
 class PauseKind(models.TextChoices):
     PARTITION = "partition", "partition (a chat)"
     APP = "app", "Feishu app"

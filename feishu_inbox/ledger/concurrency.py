@@ -6,47 +6,101 @@ A job takes a slot before its handler runs and gives it back when its attempt en
 locks the key's row (one acquirer of a key at a time), counts the slots whose job still runs
 under the same lease with its lease unexpired, and adds one when fewer than N: a slot held by
 a crashed worker stops counting when its lease ends, without any sweep.
+
+A job that finds every slot held is parked (a ``ConcurrencyWaiter`` row, written under the
+same lock): it is handed back due when the first holder's lease would end (at most
+``PARK_LONGEST``), and the job that gives a slot back makes the oldest waiters due at once.
+So a waiter costs one hand-back, not one every half second; a holder that crashed frees its
+slot when its lease ends, when the waiters' own due time comes too.
 """
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef
+from datetime import datetime
 
-from ..models import ConcurrencyKey, ConcurrencySlot, EventJob, Status
+from django.db.models import Exists, OuterRef, QuerySet
+
+from ..models import ConcurrencyKey, ConcurrencySlot, ConcurrencyWaiter, EventJob, Status
 from ..store import store
 from .rules import Lease
 
+#: The longest a parked waiter waits before it looks again by itself: a holder that crashed
+#: frees its slot only when its lease ends, and a give-back in the few milliseconds between
+#: a waiter's parking and its hand-back finds it still running and cannot make it due.
+PARK_LONGEST = 5.0
 
-def take(key: str, limit: int, lease: Lease) -> bool:
-    """Take one of ``key``'s ``limit`` slots for the leased job; False when all are held."""
+
+def take(key: str, limit: int, lease: Lease) -> float | None:
+    """Take one of ``key``'s ``limit`` slots for the leased job: None when taken; else the job
+    is parked, and the seconds until the first holder's lease ends (at most ``PARK_LONGEST``)."""
     with store().transaction():
         now = store().clock()
         ConcurrencyKey.objects.get_or_create(key=key, defaults={"limit": limit})
         ConcurrencyKey.objects.select_for_update().filter(key=key).update(limit=limit)
-        live = EventJob.objects.filter(
-            pk=OuterRef("job_id"),
-            lease_token=OuterRef("lease_token"),
-            status=Status.RUNNING,
-            lease_until__gt=now,
-        )
-        slots = ConcurrencySlot.objects.filter(key=key)
-        slots.exclude(Exists(live)).delete()  # their jobs ended, or their leases did
+        slots = _live_slots(key, now)
         if slots.filter(job_id=lease.job_id).exists():
             slots.filter(job_id=lease.job_id).update(lease_token=lease.token)
-            return True
+            ConcurrencyWaiter.objects.filter(key=key, job_id=lease.job_id).delete()
+            return None
         if slots.count() >= limit:
-            return False
+            ConcurrencyWaiter.objects.get_or_create(
+                key=key, job_id=lease.job_id, defaults={"parked_at": now}
+            )
+            first_end = (
+                EventJob.objects.filter(pk__in=slots.values("job_id"))
+                .order_by("lease_until")
+                .values_list("lease_until", flat=True)
+                .first()
+            )
+            until = PARK_LONGEST if first_end is None else (first_end - now).total_seconds()
+            return min(max(until, 0.05), PARK_LONGEST)
         ConcurrencySlot.objects.create(
             key=key, job_id=lease.job_id, lease_token=lease.token, acquired_at=now
         )
-        return True
+        ConcurrencyWaiter.objects.filter(key=key, job_id=lease.job_id).delete()
+        return None
+
+
+def _live_slots(key: str, now: datetime) -> QuerySet[ConcurrencySlot]:
+    """The key's slots whose job still runs under the same unexpired lease (the others are
+    deleted: their jobs ended, or their leases did). The key's row is locked."""
+    live = EventJob.objects.filter(
+        pk=OuterRef("job_id"),
+        lease_token=OuterRef("lease_token"),
+        status=Status.RUNNING,
+        lease_until__gt=now,
+    )
+    slots = ConcurrencySlot.objects.filter(key=key)
+    slots.exclude(Exists(live)).delete()
+    return slots
 
 
 def give_back(keys: list[str], lease: Lease) -> None:
-    """The attempt ended: its slots are free."""
-    ConcurrencySlot.objects.filter(
-        key__in=keys, job_id=lease.job_id, lease_token=lease.token
-    ).delete()
+    """The attempt ended: its slots are free, and as many of each key's oldest waiters as
+    there are free slots are made due now (the others stay parked)."""
+    woken: list[int] = []
+    with store().transaction():
+        now = store().clock()
+        for key in sorted(keys):  # the keys' rows in key order, as take locks them
+            limits = list(
+                ConcurrencyKey.objects.select_for_update()
+                .filter(key=key)
+                .values_list("limit", flat=True)
+            )
+            ConcurrencySlot.objects.filter(
+                key=key, job_id=lease.job_id, lease_token=lease.token
+            ).delete()
+            if not limits:
+                continue
+            free = limits[0] - _live_slots(key, now).count()
+            if free <= 0:
+                continue
+            waiting = ConcurrencyWaiter.objects.filter(key=key).order_by("job_id")
+            chosen = list(waiting.values_list("job_id", flat=True)[:free])
+            waiting.filter(job_id__in=chosen).delete()
+            woken.extend(chosen)
+    if woken:  # due now (queued or waiting ones only; a waiter claimed meanwhile runs anyway)
+        store().hold_jobs(sorted(set(woken)), store().now())
 
 
 def held(key: str) -> int:

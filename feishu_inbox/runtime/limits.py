@@ -10,7 +10,6 @@ started an effect waits here whatever the wait, since it cannot be handed back.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -51,11 +50,6 @@ def acquire(limits: Sequence[RateLimit], **values: Any) -> None:
     take(ctx, wanted)
 
 
-#: How long a job that found every slot of its concurrency key held waits before it tries
-#: again (drawn between half of it and all of it, so waiters do not come back together).
-SLOT_WAIT = 0.5
-
-
 def take_slots(ctx: JobContext, specs: Sequence[tuple[str, int]]) -> list[str]:
     """Take a slot of each ``(key template, N)`` for the current job, or none of them:
     ``Deferred`` when one key has all its N slots held. Returns the keys taken."""
@@ -65,17 +59,19 @@ def take_slots(ctx: JobContext, specs: Sequence[tuple[str, int]]) -> list[str]:
     values = job_values(ctx.event)
     for template, limit in specs:
         key = RateLimit(template, 1).bucket(values).key  # the same template rules
-        ok = write(ctx, "take a slot for", partial(_take_slot, concurrency.take, key, limit, ctx))
-        if not ok:
+        parked = write(
+            ctx, "take a slot for", partial(_take_slot, concurrency.take, key, limit, ctx)
+        )
+        if parked is not None:  # parked: woken when a slot is given back
             give_back_slots(ctx, taken)
-            wait = random.uniform(SLOT_WAIT / 2, SLOT_WAIT)
-            raise Deferred(wait, f"All {limit} slots of {key} are held by running jobs.")
+            raise Deferred(parked, f"All {limit} slots of {key} are held by running jobs.")
         taken.append(key)
     return taken
 
 
-def _take_slot(take_fn: Any, key: str, limit: int, ctx: JobContext, retrying: bool) -> bool:
-    return bool(take_fn(key, limit, ctx.lease))
+def _take_slot(take_fn: Any, key: str, limit: int, ctx: JobContext, retrying: bool) -> float | None:
+    found = take_fn(key, limit, ctx.lease)
+    return None if found is None else float(found)
 
 
 def give_back_slots(ctx: JobContext, keys: list[str]) -> None:

@@ -43,3 +43,46 @@ def test_a_concurrency_key_never_has_more_than_n_running(workers: Workers) -> No
     assert len(workers.lines("start")) == 12  # a job waiting for a slot never ran its handler
     assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
     assert not ConcurrencySlot.objects.exists()  # every slot given back
+
+
+def test_a_waiter_is_parked_and_woken_when_a_slot_is_given_back(workers: Workers) -> None:
+    """With its key's one slot held, a job is handed back once, parked (not due for a few
+    seconds: it does not poll), and made due the moment the holder gives the slot back."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from feishu_inbox.models import ConcurrencyWaiter
+
+    def enqueue(name: str, steps: list[str]) -> int:
+        return ledger.enqueue(
+            event_id=name,
+            event_type="test.concurrent_one",
+            partition_key=f"chat-{name}",
+            payload={"header": {"tenant_key": "solo"}, "steps": steps},
+        ).job_id
+
+    holder = enqueue("holder", ["gate:hold"])
+    workers.start("--concurrency", "2", FEISHU_INBOX_POLL_INTERVAL="0.1")
+    wait_for(lambda: ConcurrencySlot.objects.filter(job_id=holder).exists(), 30, "the holder")
+    waiter = enqueue("waiter", [])  # after the holder has the slot
+    wait_for(
+        lambda: ConcurrencyWaiter.objects.filter(job_id=waiter).exists(), 30, "a parked waiter"
+    )
+    wait_for(
+        lambda: EventJob.objects.get(pk=waiter).status == "queued", 10, "the waiter handed back"
+    )
+    parked = EventJob.objects.get(pk=waiter)
+    assert parked.available_at > timezone.now() + timedelta(seconds=1)  # parked, not polling
+    assert EventJob.objects.get(pk=holder).status == "running"
+    workers.open_gate("hold")
+    wait_for(lambda: EventJob.objects.completed().count() == 2, 10, "both completed")
+    started = {line[1]: int(line[3]) for line in workers.lines("start")}
+    ended = {line[1]: int(line[3]) for line in workers.lines("end")}
+    woke_after = (started["waiter"] - ended["holder"]) / 1e9
+    assert 0 <= woke_after < 1.0, woke_after  # woken by the give-back, not by its own timer
+    assert not ConcurrencyWaiter.objects.exists() and not ConcurrencySlot.objects.exists()
+    assert EventJob.objects.get(pk=waiter).attempt == 1  # waiting spent no attempt
+    from feishu_inbox.models import Attempt
+
+    assert Attempt.objects.filter(job_id=waiter).count() <= 2  # one hand-back, not one a 0.5 s

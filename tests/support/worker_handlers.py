@@ -160,6 +160,9 @@ feishu_inbox.handler("test.limited", rate_limit=feishu_inbox.RateLimit("t:{app}"
 #: The same steps, at most 2 jobs of one tenant running at once, across workers.
 feishu_inbox.handler("test.concurrent", concurrency=("tenant:{tenant_key}", 2))(steps)
 
+#: The same steps, one job of a tenant at a time (the parking tests).
+feishu_inbox.handler("test.concurrent_one", concurrency=("solo:{tenant_key}", 1))(steps)
+
 
 def answer_words(event_id: str, words: int) -> list[str]:
     """The answer a model gives to event ``event_id`` (what the stream tests write)."""
