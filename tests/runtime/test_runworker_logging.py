@@ -69,6 +69,17 @@ def test_a_site_that_configured_logging_gets_each_line_once() -> None:
     assert len([line for line in done.stderr.splitlines() if f"job {job_id} " in line]) == 1
 
 
+def test_the_default_verbosity_keeps_the_level_the_sites_logging_set() -> None:
+    """project.settings sets feishu_inbox's level from LOG_LEVEL: WARNING keeps the per-job
+    INFO lines out (a benchmark's workers, a quiet site); -v 2 still asks for them."""
+    job_id = enqueue_message("ev-log-4")
+    quiet = run_burst(DJANGO_SETTINGS_MODULE="project.settings", LOG_LEVEL="WARNING")
+    assert f"job {job_id} " not in quiet.stderr and "handler modules:" not in quiet.stderr
+    enqueue_message("ev-log-5")
+    loud = run_burst("-v", "2", DJANGO_SETTINGS_MODULE="project.settings", LOG_LEVEL="WARNING")
+    assert "event ev-log-5 " in loud.stderr
+
+
 def test_no_handler_registered_is_a_warning_that_says_where_handlers_go() -> None:
     done = subprocess.run(
         [

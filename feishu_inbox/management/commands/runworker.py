@@ -89,8 +89,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         package = logging.getLogger("feishu_inbox")
-        package.setLevel(LEVELS.get(options["verbosity"], logging.INFO))
-        added = None if site_configured_logging(package) else StderrHandler(self.stderr)
+        configured = site_configured_logging(package)
+        # -v 0, 2 or 3 set the level; the default (1) keeps one the site's LOGGING set (a
+        # LOG_LEVEL of WARNING stays WARNING) and is INFO otherwise.
+        if options["verbosity"] != 1 or not (configured and package.level):
+            package.setLevel(LEVELS.get(options["verbosity"], logging.INFO))
+        added = None if configured else StderrHandler(self.stderr)
         if added is not None:
             package.addHandler(added)
         try:
