@@ -555,7 +555,7 @@ class WorkerBeat(models.Model):
     #: The task queues it runs (``runworker --queue``), comma-separated; empty: every job.
     queues = models.CharField(max_length=255, blank=True, default="")
     #: The task queues it leaves out (``runworker --exclude-queues``), comma-separated.
-    excluded_queues = models.CharField(max_length=255, blank=True, default="")
+    excluded_queues = models.CharField(max_length=255, blank=True, default="", db_default="")
     started_at = models.DateTimeField()
     last_beat_at = models.DateTimeField()
     #: When it stopped cleanly (None: it runs, or it was lost).

@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from ..models import ConcurrencyKey, ConcurrencySlot, ConcurrencyWaiter, EventJob, Status
 from ..store import store
+from .pauses import HELD_FROM
 from .rules import Lease
 
 #: The longest a parked waiter waits before it looks again by itself: a holder that crashed
@@ -77,7 +78,10 @@ def _live_slots(key: str, now: datetime) -> QuerySet[ConcurrencySlot]:
 
 def give_back(keys: list[str], lease: Lease) -> None:
     """The attempt ended: its slots are free, and as many of each key's oldest waiters as
-    there are free slots are made due now (the others stay parked)."""
+    there are free slots are made due now, in the same transaction (a retried give-back
+    finds its waiters still parked). Only a waiter that waits can be woken: one whose job
+    ended (or is gone) loses its row, one still running (between its parking and its hand-
+    back) or held by an operator's pause keeps it and is passed over."""
     woken: list[int] = []
     with store().transaction():
         now = store().clock()
@@ -92,15 +96,28 @@ def give_back(keys: list[str], lease: Lease) -> None:
             ).delete()
             if not limits:
                 continue
+            waiting = ConcurrencyWaiter.objects.filter(key=key)
+            unresolved = EventJob.objects.filter(pk=OuterRef("job_id")).exclude(
+                status__in=[Status.COMPLETED, Status.FAILED, Status.UNKNOWN]
+            )
+            waiting.exclude(Exists(unresolved)).delete()  # ended, purged: nothing to wake
             free = limits[0] - _live_slots(key, now).count()
             if free <= 0:
                 continue
-            waiting = ConcurrencyWaiter.objects.filter(key=key).order_by("job_id")
-            chosen = list(waiting.values_list("job_id", flat=True)[:free])
+            wakeable = EventJob.objects.filter(
+                pk=OuterRef("job_id"),
+                status__in=[Status.QUEUED, Status.RETRY_WAIT],
+                available_at__lt=HELD_FROM,
+            )
+            chosen = list(
+                waiting.filter(Exists(wakeable))
+                .order_by("job_id")
+                .values_list("job_id", flat=True)[:free]
+            )
             waiting.filter(job_id__in=chosen).delete()
             woken.extend(chosen)
-    if woken:  # due now (queued or waiting ones only; a waiter claimed meanwhile runs anyway)
-        store().hold_jobs(sorted(set(woken)), store().now())
+        if woken:  # due now; lock order: the keys (above), then partitions, then jobs
+            store().hold_jobs(sorted(set(woken)), now)
 
 
 def held(key: str) -> int:

@@ -17,7 +17,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='workerbeat',
             name='excluded_queues',
-            field=models.CharField(blank=True, default='', max_length=255),
+            # db_default: a worker of the version before (a rolling deploy) inserts its row
+            # without the column
+            field=models.CharField(blank=True, db_default='', default='', max_length=255),
         ),
         RunPostgresFunctions(
             "0024_excluded_queues.sql", reverse_filename="0024_excluded_queues.down.sql"

@@ -86,3 +86,33 @@ def test_a_waiter_is_parked_and_woken_when_a_slot_is_given_back(workers: Workers
     from feishu_inbox.models import Attempt
 
     assert Attempt.objects.filter(job_id=waiter).count() <= 2  # one hand-back, not one a 0.5 s
+
+
+def test_a_give_back_wakes_a_waiting_job_not_a_stale_or_running_waiter() -> None:
+    """The rows of waiters whose job ended are dropped, a waiter still between its parking
+    and its hand-back is passed over (it keeps its row), and the free slot goes to the
+    oldest job that really waits."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from feishu_inbox.ledger import concurrency
+    from feishu_inbox.models import ConcurrencyWaiter
+
+    def job(name: str) -> int:
+        return ledger.enqueue(
+            event_id=name, event_type="t", partition_key=f"chat-{name}", payload={}
+        ).job_id
+
+    ended, holder, parking, waiting = job("ended"), job("holder"), job("parking"), job("waiting")
+    claimed = {c.id: c for c in ledger.claim("w", limit=4)}
+    assert concurrency.take("k", 1, claimed[holder].lease) is None  # the slot
+    for waiter in (ended, parking, waiting):
+        assert concurrency.take("k", 1, claimed[waiter].lease) is not None  # parked
+    ledger.finish(claimed[ended].lease)  # its job ended while it was parked
+    ledger.hand_back(claimed[waiting].lease, delay=5, error_type="Waiting", message="slot")
+    # `parking` is still running: its hand-back has not come yet
+    concurrency.give_back(["k"], claimed[holder].lease)
+    woken = EventJob.objects.get(pk=waiting)
+    assert woken.available_at <= timezone.now() + timedelta(seconds=1)  # due now, not in 5 s
+    assert set(ConcurrencyWaiter.objects.values_list("job_id", flat=True)) == {parking}
