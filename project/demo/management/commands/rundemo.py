@@ -1,7 +1,7 @@
 """``python manage.py rundemo``: the webhook under gunicorn and a worker, together.
 
 Collects the static files first (WhiteNoise serves the admin's CSS and JS from STATIC_ROOT).
-Stops both on Ctrl-C (SIGINT) or SIGTERM; exits when either stops.
+Stops both on Ctrl-C (SIGINT) or SIGTERM, passing the signal on; exits when either stops.
 """
 
 from __future__ import annotations
@@ -17,13 +17,6 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
-
-#: gunicorn's timeouts, said explicitly. A worker process silent for ``--timeout`` (stuck: the
-#: webhook answers in milliseconds) is killed and restarted. Idle keep-alive connections close
-#: after ``--keep-alive``. On SIGTERM, requests in flight get ``--graceful-timeout``. None of
-#: these frees a thread that a slow client holds while it sends its body byte by byte: in
-#: production, put a buffering reverse proxy in front (README).
-GUNICORN_TIMEOUTS = ["--timeout", "30", "--graceful-timeout", "10", "--keep-alive", "5"]
 
 
 class Command(BaseCommand):
@@ -49,7 +42,8 @@ class Command(BaseCommand):
                     "--bind",
                     options["bind"],
                     *server_args,
-                    *GUNICORN_TIMEOUTS,
+                    "--config",  # timeouts, and a quick shutdown that is quick
+                    "python:project.demo.serving",
                     "--access-logfile",
                     "-",
                 ],
@@ -71,11 +65,11 @@ class Command(BaseCommand):
             f"Admin: http://{options['bind']}/admin/ ({_python()} manage.py createsuperuser)\n"
             "Ctrl-C stops both."
         )
-        stopping = False
+        stopping = 0
 
         def stop(signum: int, frame: object) -> None:
             nonlocal stopping
-            stopping = True
+            stopping = signum
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
@@ -83,7 +77,7 @@ class Command(BaseCommand):
             time.sleep(0.2)  # supervising two children; nothing to synchronise with
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                p.send_signal(stopping or signal.SIGTERM)  # SIGINT: gunicorn's quick shutdown
         for p in procs:
             try:
                 p.wait(40)
