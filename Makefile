@@ -58,13 +58,20 @@ lint: $(VENV)/.installed
 	@rm -rf dist/lint && mkdir -p dist && $(PY) -m build --no-isolation --outdir dist/lint . > dist/build.log 2>&1 || { cat dist/build.log; exit 1; }
 	$(VENV)/bin/twine check --strict dist/lint/*
 
+# Each suite runs on TEST_PROCESSES pytest-xdist processes (each with its own test database):
+# its tests mostly wait on worker subprocesses, servers and the browser.
+TEST_PROCESSES ?= 2
+
 test-sqlite: $(VENV)/.installed
-	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
-# The suite creates and drops its own test database.
+# The suite creates and drops its own test databases. The tests that stop the whole cluster (a
+# restart under load) run after the others, alone: they would fail the other processes' tests.
+# Exit 5 is "no test selected" (a PYTEST_ARGS selection without any of them).
 test-postgres: $(VENV)/.installed
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres" $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
 chromium:

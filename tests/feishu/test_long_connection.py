@@ -150,6 +150,7 @@ def test_sigkill_mid_stream_loses_nothing_that_was_acked(
         assert jobs_of(event_id) == 1
 
 
+@pytest.mark.stops_postgres
 def test_while_the_database_is_away_no_event_is_acked_and_each_is_stored_once_after(
     fake_ws: FakeLongConnection, connectors: Connectors
 ) -> None:

@@ -66,6 +66,7 @@ def run_under_a_blink(workers: Workers, blink: AbstractContextManager[None], **e
     return resumed
 
 
+@pytest.mark.stops_postgres
 def test_a_postgresql_restart_under_load_needs_no_operator(
     workers: Workers, postgres_only: None
 ) -> None:

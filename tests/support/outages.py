@@ -3,6 +3,7 @@ whole cluster, as a failover or restart does) or the SQLite file locked by anoth
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -14,6 +15,14 @@ from django.db import connection
 
 @contextmanager
 def postgresql_stopped() -> Iterator[None]:
+    """The cluster stopped: every database on it, those of other pytest-xdist processes too.
+    A test that stops it carries ``@pytest.mark.stops_postgres`` and runs in a process alone."""
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
+        raise AssertionError(
+            "this test stops the PostgreSQL cluster, which would fail the tests of the other "
+            "pytest-xdist processes: run `pytest -m stops_postgres` without -n (make test-postgres "
+            "does), and mark the test @pytest.mark.stops_postgres"
+        )
     cluster = sorted(Path("/etc/postgresql").iterdir())[-1].name
     command = ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main"]
     connection.close()

@@ -185,6 +185,7 @@ def test_call_command_runworker_burst_leaves_no_thread_and_no_connection() -> No
 # --- 5. a burst run gives up on an unreachable database -----------------------------------------
 
 
+@pytest.mark.stops_postgres
 def test_runworker_burst_exits_with_an_error_when_the_database_stays_away() -> None:
     t.add.enqueue(1, 1)
     with database_away():
