@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -84,3 +85,21 @@ def median(values: list[float]) -> float:
 
 def reproduce() -> str:
     return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def machine_cpu_seconds() -> float:
+    """The CPU time every core of the machine has spent busy since boot (/proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    busy = sum(int(f) for f in fields) - int(fields[3]) - int(fields[4])  # less idle, iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_exit(procs: list[subprocess.Popen[bytes]]) -> float:
+    """Wait for each process to exit 0; returns the CPU seconds they used together."""
+    used = 0.0
+    for proc in procs:
+        _, status, usage = os.wait4(proc.pid, 0)  # the exit status and the process's CPU time
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode == 0, proc.args
+        used += usage.ru_utime + usage.ru_stime
+    return used

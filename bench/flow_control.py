@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _setup import ROOT, fresh_postgres, median, reproduce
+from _setup import ROOT, fresh_postgres, machine_cpu_seconds, median, reproduce, wait_for_exit
 
 
 def run_sql(url: str, sql: str, params: list[object]) -> list[tuple[object, ...]]:
@@ -62,16 +62,22 @@ def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type:
         "FEISHU_INBOX_HANDLERS": "bench.bench_handlers",
         "LOG_LEVEL": "WARNING",
     }
+    machine_before = machine_cpu_seconds()
     workers = [
         subprocess.Popen(
-            [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", str(slots)],
+            # -v 0 on both sides: before 048c231 runworker's default verbosity logged a line
+            # per job whatever the site's LOGGING said, and the comparison would weigh that
+            [
+                *(sys.executable, "manage.py", "runworker", "--burst", "-v", "0"),
+                *("--concurrency", str(slots)),
+            ],
             cwd=tree,
             env=env,
         )
         for _ in range(procs)
     ]
-    for w in workers:
-        assert w.wait(600) == 0
+    worker_cpu = wait_for_exit(workers)
+    machine_cpu = machine_cpu_seconds() - machine_before
     ((done, seconds),) = run_sql(
         url,
         "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
@@ -79,7 +85,16 @@ def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type:
         [],
     )
     assert done == n, (done, n)
+    # Where the two cores went, per job: the workers' own CPU and the rest of the machine's
+    # (PostgreSQL's backends, almost all of it).
+    CPU_PER_JOB.setdefault((str(tree), procs, slots, event_type), []).append(
+        (1e6 * worker_cpu / n, 1e6 * (machine_cpu - worker_cpu) / n)
+    )
     return float(done) / float(seconds)  # type: ignore[arg-type]
+
+
+#: (checkout, processes, slots, event type) -> each run's CPU per job in µs (workers, the rest).
+CPU_PER_JOB: dict[tuple[str, int, int, str], list[tuple[float, float]]] = {}
 
 
 def main() -> None:
@@ -87,6 +102,11 @@ def main() -> None:
     parser.add_argument("--base", type=Path, required=True, help="the other checkout")
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--noop-only",
+        action="store_true",
+        help="only the no-op rows (a base from before flow control has no token handlers)",
+    )
     args = parser.parse_args()
     ours = prepare(ROOT, "fi_bench_flow")
     base = prepare(args.base, "fi_bench_flow_base")
@@ -102,6 +122,8 @@ def main() -> None:
             ("token of one shared bucket 1x4", ROOT, ours, 1, 4, "bench.limited_app"),
             ("base token of one shared bucket 1x4", args.base, base, 1, 4, "bench.limited_app"),
         ):
+            if args.noop_only and kind != "bench.noop":
+                continue
             rate = throughput(tree, url, procs, slots, args.jobs, kind)
             rows.setdefault(label, []).append(rate)
             print(f"round {r + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
@@ -109,6 +131,8 @@ def main() -> None:
     noop = med["noop 1x4"]
     print(json.dumps({k: [round(x) for x in v] for k, v in rows.items()}, indent=2))
     for label in ("token of its chat 1x4", "token of one shared bucket 1x4"):
+        if label not in med:
+            continue
         extra = (1 / med[label] - 1 / noop) * 4 * 1000  # per job, per slot
         base_noop, base_rate = med["base noop 1x4"], med["base " + label]
         base_extra = (1 / base_rate - 1 / base_noop) * 4 * 1000
@@ -122,6 +146,15 @@ def main() -> None:
         f"(ratio {med['noop 1x4'] / med['base noop 1x4']:.2f}); 2x4 {med['noop 2x4']:,.0f} vs "
         f"{med['base noop 2x4']:,.0f} (ratio {med['noop 2x4'] / med['base noop 2x4']:.2f})"
     )
+    for (tree, procs, slots, kind), runs in CPU_PER_JOB.items():
+        if kind == "bench.noop":
+            side = "this checkout" if Path(tree) == ROOT else "base"
+            workers_us = median([w for w, _ in runs])
+            rest_us = median([r for _, r in runs])
+            print(
+                f"CPU per no-op job, {side} {procs}x{slots}: workers {workers_us:.0f} µs, the "
+                f"rest of the machine (PostgreSQL) {rest_us:.0f} µs (medians of {len(runs)})"
+            )
     print(f"reproduce: {reproduce()}; this machine's speed swings: compare within one run")
 
 

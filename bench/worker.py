@@ -1,8 +1,11 @@
-"""runworker on PostgreSQL beside Procrastinate and django-tasks-db, measured in one run.
+"""runworker on PostgreSQL beside PgQueuer, Oban-py, Celery, Procrastinate and django-tasks-db,
+measured in one run.
 
-- no-op handler throughput: 1 process x 1 slot, 1 x 4, 2 x 4 (goal: ahead of both peers);
+- no-op handler throughput: 1 process x 1 slot, 1 x 4, 2 x 4, and enqueue -> handler-start
+  latency (one job every 10 ms on a fixed schedule; p50, p99, max), in ``--rounds`` alternating
+  rounds with every peer (goal: ahead of PgQueuer, 2x every other peer); ``--queues-only``
+  measures these rows alone;
 - a 3-step no-op handler at 1 x 1: what a memoized step costs (goal: one round trip each);
-- enqueue -> handler-start latency with an idle worker woken by NOTIFY (goal: p50 < 10 ms);
 - CPU of an idle worker over --idle-seconds (goal: < 1% of a core);
 - worker RSS over --memory-jobs jobs (goal: growth < 10% after warm-up);
 - replies/s through the Open API client against the local fake of Feishu (tests/support/fake_feishu.py)
@@ -13,9 +16,11 @@
   db_worker), enqueue -> start latency (goal: >= 2x its processing rate, p50 < 10 ms against
   its 0.1 s-interval figure). ``--tasks-only`` measures this row alone.
 
-The peers run from shared/peers (copied to /tmp, their own virtualenv and database).
+The peers run from shared/peers (copied to /tmp, their own virtualenvs and database; Oban-py
+needs a Python >= 3.12 on the machine, Celery the local Redis).
 
-    .venv/bin/python bench/worker.py [--jobs 10000] [--idle-seconds 30] [--memory-jobs 100000]
+    .venv/bin/python bench/worker.py [--jobs 10000] [--rounds 1] [--queues-only]
+                                     [--idle-seconds 30] [--memory-jobs 100000]
                                      [--replies 2000] [--peers DIR | --no-peers] [--tasks-only]
                                      [--peers-work DIR]
 """
@@ -31,15 +36,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _setup import (
     ROOT,
     django_setup,
     fresh_postgres,
+    machine_cpu_seconds,
     median,
     percentile,
     reproduce,
     truncate_ledger,
+    wait_for_exit,
 )
 
 
@@ -99,6 +107,7 @@ def throughput(
         fill_messages(n, 1000, event_type)
     else:
         fill(n, 1000, event_type)
+    machine_before = machine_cpu_seconds()
     workers = [
         subprocess.Popen(
             [
@@ -116,8 +125,8 @@ def throughput(
         )
         for _ in range(procs)
     ]
-    for w in workers:
-        assert w.wait(600) == 0
+    worker_cpu = wait_for_exit(workers)
+    machine_cpu = machine_cpu_seconds() - machine_before
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
@@ -125,7 +134,17 @@ def throughput(
         )
         done, seconds = cur.fetchone()
     assert done == n, (done, n)
+    # Where the cores went: the workers' own CPU, and the rest of the machine's (PostgreSQL's
+    # backends, almost all of it), per job, over the run's whole wall time.
+    CPU_PER_JOB[f"{procs}x{concurrency}"] = (
+        1e6 * worker_cpu / n,
+        1e6 * (machine_cpu - worker_cpu) / n,
+    )
     return done / float(seconds)
+
+
+#: Per shape ("1x4"), the last throughput run's CPU per job, in µs: (workers, rest of machine).
+CPU_PER_JOB: dict[str, tuple[float, float]] = {}
 
 
 def replies(url: str, n: int) -> dict[str, float]:
@@ -170,13 +189,16 @@ def start_idle_worker(url: str, **env: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def latency(url: str, n: int, gap: float) -> tuple[float, float]:
+def latency(url: str, n: int, gap: float) -> tuple[float, float, float]:
+    """Enqueue -> handler start (p50, p99, max ms) with an idle worker: one job every ``gap``
+    seconds on a fixed schedule, whatever each enqueue takes (as the peers' probes do)."""
     from feishu_inbox import ledger
 
     out = Path(tempfile.mkdtemp()) / "latency.txt"
     proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out))
     try:
         time.sleep(1.0)  # let the worker settle into its idle sleep (this is what we measure)
+        start = time.monotonic()
         for i in range(n):
             t0 = time.time()
             ledger.enqueue(
@@ -185,7 +207,8 @@ def latency(url: str, n: int, gap: float) -> tuple[float, float]:
                 partition_key=f"lat-{i}",
                 payload={"t0": t0},
             )
-            time.sleep(gap)  # pacing the arrivals, as the peers' latency runs do
+            # the arrivals' schedule, not synchronisation: job i+1 is due at start + (i+1) gaps
+            time.sleep(max(0.0, start + (i + 1) * gap - time.monotonic()))
         deadline = time.monotonic() + 60
         while (not out.exists() or len(out.read_text().splitlines()) < n) and (
             time.monotonic() < deadline
@@ -198,7 +221,7 @@ def latency(url: str, n: int, gap: float) -> tuple[float, float]:
         (float(b) - float(a)) * 1000
         for a, b in (line.split() for line in out.read_text().splitlines())
     ]
-    return percentile(lat, 50), percentile(lat, 99)
+    return percentile(lat, 50), percentile(lat, 99), max(lat)
 
 
 TASK_PAYLOAD = (
@@ -366,6 +389,74 @@ def memory(url: str, jobs: int) -> tuple[int, int, float]:
     return warm, last, 100 * (last - warm) / warm
 
 
+#: Every peer of the no-op rows, in the order of the table's columns.
+PEER_NAMES = ("pgqueuer", "oban", "celery", "procrastinate", "django-tasks-db")
+
+#: The peers with a virtualenv of their own in the peers' folder: its directory, the
+#: interpreter that makes it (Oban-py needs Python >= 3.12) and what it installs.
+QUEUE_PEERS: dict[str, tuple[str, tuple[str, ...], list[str]]] = {
+    "pgqueuer": (".venv-pgqueuer", ("python3",), ["pgqueuer[asyncpg,psycopg]==1.6.0", "uvloop"]),
+    "oban": (".venv-oban", ("python3.13", "python3.12"), ["oban==0.7.0", "uvloop", "psycopg"]),
+    "celery": (".venv-celery", ("python3",), ["celery[redis]==5.7.0"]),
+}
+
+
+def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, float]:
+    """PgQueuer, Oban-py or Celery through its harness in ``work``: no-op jobs/s at 1 x 1, 1 x 4
+    and 2 x 4, and enqueue -> start latency (one job every 10 ms); each run checked to have
+    run every job exactly once. PgQueuer's documented defaults have no slot count (a fetched
+    batch of 10 runs at once): its 1 x 1 and 1 x 4 are one measurement of one process."""
+    venv, interpreters, packages = QUEUE_PEERS[name]
+    py = work / venv / "bin" / "python"
+    if not py.exists():
+        found = next((shutil.which(i) for i in interpreters if shutil.which(i)), None)
+        if found is None:
+            raise RuntimeError(f"needs one of {', '.join(interpreters)}")
+        subprocess.run([found, "-m", "venv", str(work / venv)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", *packages],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    script = str(work / f"{name}_bench" / "bench.py")
+
+    def run(*args: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [str(py), script, *args],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            timeout=900,
+            env=env,
+            check=False,
+        )
+        if done.returncode:
+            raise RuntimeError(f"{args[0]} failed: {done.stderr.strip()[-500:]}")
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    def once(result: dict[str, Any]) -> float:
+        if not result.get("exactly_once", False):
+            raise RuntimeError(f"a run did not run every job exactly once: {result}")
+        return float(result["jobs_per_s"])
+
+    extra = ["--config", "reliable"] if name == "celery" else []  # acks_late, prefetch 1
+    res: dict[str, float] = {}
+    shapes = {"c1": ("1", "1"), "c4": ("1", "4"), "2x4": ("2", "4")}
+    for label, (procs, concurrency) in shapes.items():
+        if name == "pgqueuer" and label == "c4":
+            res["c4"] = res["c1"]
+            continue
+        run("reset")
+        run("fill", "--n", str(n))
+        slots = [] if name == "pgqueuer" else ["--concurrency", concurrency]
+        res[label] = once(run("work", "--procs", procs, *slots, *extra))
+    run("reset")
+    lat_args = ["--n", "500", "--gap", "0.01"]
+    lat = run("latency", *lat_args, *([] if name == "pgqueuer" else ["--concurrency", "1"]), *extra)
+    res.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], max_ms=lat["max_ms"])
+    return res
+
+
 def peers(
     directory: Path, n: int, work: Path, only_djtasks: bool = False
 ) -> dict[str, dict[str, float]]:
@@ -403,7 +494,7 @@ def peers(
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     p, d = str(work / "procrastinate_bench" / "bench.py"), str(work / "djtasks" / "bench.py")
-    res: dict[str, dict[str, float]] = {"procrastinate": {}, "django-tasks-db": {}}
+    res: dict[str, dict[str, float]] = {name: {} for name in PEER_NAMES}
     try:  # each peer on its own: one failing must not lose the other's figures
         if only_djtasks:
             raise RuntimeError("skipped (--tasks-only)")
@@ -434,6 +525,12 @@ def peers(
         res["django-tasks-db"]["p99_ms"] = lat["p99_ms"]
     except (RuntimeError, subprocess.SubprocessError) as exc:
         print(f"django-tasks-db not measured: {exc}")
+    if not only_djtasks:
+        for name in QUEUE_PEERS:
+            try:
+                res[name] = queue_peer(work, name, n, env)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                print(f"{name} not measured: {exc}")
     return res
 
 
@@ -448,8 +545,11 @@ def main() -> None:
     )
     parser.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument(
+        "--queues-only", action="store_true", help="only the no-op rows beside the peers"
+    )
     parser.add_argument("--tasks-only", action="store_true", help="only the django.tasks row")
-    parser.add_argument("--rounds", type=int, default=1, help="--tasks-only rounds (medians)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (medians)")
     parser.add_argument(
         "--peers-work",
         type=Path,
@@ -464,68 +564,127 @@ def main() -> None:
         # Rounds alternate ours and the peer's, so a machine whose load changes meanwhile
         # weighs on both; each figure is the median of the rounds, each ratio the median of
         # the rounds' ratios.
-        rounds: list[tuple[dict[str, float], dict[str, float]]] = []
+        task_rounds: list[tuple[dict[str, float], dict[str, float]]] = []
         for _ in range(args.rounds):
             tasks = tasks_row(url, args.jobs)
-            their = {} if args.no_peers else peers(args.peers, args.jobs, args.peers_work, True)
-            rounds.append((tasks, their.get("django-tasks-db", {})))
-            print(
-                json.dumps({"round": len(rounds), "tasks": tasks, "django-tasks-db": rounds[-1][1]})
+            their_tasks = (
+                {} if args.no_peers else peers(args.peers, args.jobs, args.peers_work, True)
             )
-        ours_m = {k: median([r[0][k] for r in rounds]) for k in rounds[0][0]}
+            task_rounds.append((tasks, their_tasks.get("django-tasks-db", {})))
+            print(
+                json.dumps(
+                    {
+                        "round": len(task_rounds),
+                        "tasks": tasks,
+                        "django-tasks-db": task_rounds[-1][1],
+                    }
+                )
+            )
+        ours_m = {k: median([r[0][k] for r in task_rounds]) for k in task_rounds[0][0]}
         theirs_m = {
-            k: median([r[1][k] for r in rounds if k in r[1]]) for k in rounds[0][1] if rounds[0][1]
+            k: median([r[1][k] for r in task_rounds if k in r[1]])
+            for k in task_rounds[0][1]
+            if task_rounds[0][1]
         }
         print_tasks_row(ours_m, theirs_m, args.jobs)
-        ratios = [r[0]["c1"] / r[1]["c1"] for r in rounds if r[1].get("c1")]
+        ratios = [r[0]["c1"] / r[1]["c1"] for r in task_rounds if r[1].get("c1")]
         if ratios:
             print(
                 f"  per-round processing ratios: {', '.join(f'{x:.2f}' for x in ratios)}; "
-                f"median {median(ratios):.2f}x ({args.rounds} rounds)"
+                f"median {median(ratios):.2f}x ({args.rounds} task_rounds)"
             )
         print(json.dumps({"tasks": ours_m, "django-tasks-db": theirs_m, "ratios": ratios}))
         print(f"reproduce: {reproduce()}")
         return
-    ours = {
-        "c1": throughput(url, 1, 1, args.jobs),
-        "c4": throughput(url, 1, 4, args.jobs),
-        "2x4": throughput(url, 2, 4, args.jobs),
-    }
-    ours["steps_c1"] = throughput(url, 1, 1, args.jobs, "bench.steps")
-    sent = replies(url, args.replies) if args.replies else {}
-    ours["p50_ms"], ours["p99_ms"] = latency(url, 500, 0.01)
-    idle = idle_cpu(url, args.idle_seconds)
-    warm, end, growth = memory(url, args.memory_jobs) if args.memory_jobs else (0, 0, 0.0)
-
+    # Rounds alternate ours and the peers (ours first in odd rounds, last in even ones), so a
+    # machine whose speed changes meanwhile weighs on both; each figure printed is the median
+    # of the rounds, each ratio the median of the rounds' ratios.
+    rounds: list[tuple[dict[str, float], dict[str, dict[str, float]]]] = []
+    for number in range(1, args.rounds + 1):
+        their_round: dict[str, dict[str, float]] = {}
+        if number % 2 == 0 and not args.no_peers:
+            their_round = peers(args.peers, args.jobs, args.peers_work)
+        mine = {
+            "c1": throughput(url, 1, 1, args.jobs),
+            "c4": throughput(url, 1, 4, args.jobs),
+            "2x4": throughput(url, 2, 4, args.jobs),
+        }
+        for shape, (workers_us, rest_us) in CPU_PER_JOB.items():
+            mine[f"cpu_us_{shape}"], mine[f"rest_cpu_us_{shape}"] = workers_us, rest_us
+        mine["p50_ms"], mine["p99_ms"], mine["max_ms"] = latency(url, 500, 0.01)
+        if number % 2 == 1 and not args.no_peers:
+            their_round = peers(args.peers, args.jobs, args.peers_work)
+        rounds.append((mine, their_round))
+        print(json.dumps({"round": number, "feishu_inbox": mine, "peers": their_round}))
+    ours = {k: median([r[0][k] for r in rounds]) for k in rounds[0][0]}
     their: dict[str, dict[str, float]] = {}
-    if not args.no_peers:
-        try:
-            their = peers(args.peers, args.jobs, args.peers_work)
-        except (OSError, subprocess.SubprocessError) as exc:
-            print(f"peers not measured: {exc}")
+    for name in PEER_NAMES:
+        keys = {k for r in rounds for k in r[1].get(name, {})}
+        values = {k: [r[1][name][k] for r in rounds if k in r[1].get(name, {})] for k in keys}
+        their[name] = {k: median(v) for k, v in values.items() if v}
+    if not args.queues_only:
+        ours["steps_c1"] = throughput(url, 1, 1, args.jobs, "bench.steps")
+        sent = replies(url, args.replies) if args.replies else {}
+        idle = idle_cpu(url, args.idle_seconds)
+        warm, end, growth = memory(url, args.memory_jobs) if args.memory_jobs else (0, 0, 0.0)
 
     def cell(name: str, key: str) -> str:
         value = their.get(name, {}).get(key)
         return "-" if value is None else f"{value:,.0f}" if "ms" not in key else f"{value:.1f}"
 
+    names = ["feishu_inbox", *PEER_NAMES]
+    print(f"\nno-op jobs/s on PostgreSQL ({args.jobs:,} jobs; medians of {args.rounds} round(s))")
+    print(f"  {'':24}" + "".join(f"{n:>16}" for n in names))
+    rows = [
+        ("1 process x 1 slot", "c1"),
+        ("1 process x 4 slots", "c4"),
+        ("2 processes x 4 slots", "2x4"),
+        ("latency p50 ms", "p50_ms"),
+        ("latency p99 ms", "p99_ms"),
+        ("latency max ms", "max_ms"),
+    ]
+    djtasks_keys = {"c4": None, "2x4": "2x1"}  # db_worker: one job at a time per process
+    for label, key in rows:
+        mine_cell = f"{ours[key]:,.0f}" if "ms" not in key else f"{ours[key]:.1f}"
+        cells = [mine_cell]
+        for name in PEER_NAMES:
+            k = djtasks_keys.get(key, key) if name == "django-tasks-db" else key
+            cells.append("(no option)" if k is None else cell(name, k))
+        print(f"  {label:24}" + "".join(f"{c:>16}" for c in cells))
     print(
-        f"\nno-op jobs/s on PostgreSQL ({args.jobs:,} jobs)   feishu_inbox   procrastinate   "
-        "django-tasks-db"
+        "  (PgQueuer at its defaults: 10 jobs per fetch, no slot count: 1 x 1 and 1 x 4 are one "
+        "run; Celery with acks_late and prefetch 1 on Redis, which keeps nothing on disk; "
+        "django-tasks-db's 2 x 4 cell is 2 processes x 1, its latency at a 0.1 s interval)"
     )
+    for name in PEER_NAMES:
+        parts = []
+        for _label, key in rows[:5]:
+            k = djtasks_keys.get(key, key) if name == "django-tasks-db" else key
+            per = [
+                r[0][key] / r[1][name][k]
+                for r in rounds
+                if k is not None and r[1].get(name, {}).get(k)
+            ]
+            if per:
+                parts.append(
+                    f"{key} {' / '.join(f'{x:.2f}' for x in per)} (median {median(per):.2f})"
+                )
+        if parts:
+            print(f"  feishu_inbox / {name}, per round: " + "; ".join(parts))
+    print("  (jobs/s ratios above 1: feishu_inbox did more; latency ratios below 1: it was faster)")
     print(
-        f"  1 process x 1 slot                   {ours['c1']:12,.0f}   {cell('procrastinate', 'c1'):>13}   {cell('django-tasks-db', 'c1'):>15}"
+        "  CPU per job, the workers' / the rest of the machine's (PostgreSQL): "
+        + "; ".join(
+            f"{shape} {ours[f'cpu_us_{shape}']:.0f} / {ours[f'rest_cpu_us_{shape}']:.0f} µs"
+            for shape in ("1x1", "1x4", "2x4")
+            if f"cpu_us_{shape}" in ours
+        )
+        + f" (2 cores: {2e6 / ours['2x4']:.0f} µs of core time per job at 2 x 4)"
     )
-    print(
-        f"  1 process x 4 slots                  {ours['c4']:12,.0f}   {cell('procrastinate', 'c4'):>13}   {'(no option)':>15}"
-    )
-    print(
-        f"  2 processes x 4 slots                {ours['2x4']:12,.0f}   {cell('procrastinate', '2x4'):>13}   {cell('django-tasks-db', '2x1'):>15} (2 x 1)"
-    )
-    print(
-        f"enqueue -> start latency p50 / p99 ms  {ours['p50_ms']:5.1f} / {ours['p99_ms']:5.1f}   "
-        f"{cell('procrastinate', 'p50_ms'):>5} / {cell('procrastinate', 'p99_ms'):>5}   "
-        f"{cell('django-tasks-db', 'p50_ms'):>5} / {cell('django-tasks-db', 'p99_ms'):>5} (interval 0.1 s)"
-    )
+    if args.queues_only:
+        print(json.dumps({"feishu_inbox": ours, "peers": their, "rounds": rounds}))
+        print(f"reproduce: {reproduce()}")
+        return
     per_job_ms, per_step_ms = 1000 / ours["c1"], (1000 / ours["steps_c1"] - 1000 / ours["c1"]) / 3
     print(
         f"3-step no-op handler, 1 process x 1 slot: {ours['steps_c1']:,.0f} jobs/s; each step adds "
