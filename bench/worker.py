@@ -401,6 +401,21 @@ QUEUE_PEERS: dict[str, tuple[str, tuple[str, ...], list[str]]] = {
 }
 
 
+def _interpreters(names: tuple[str, ...]) -> list[str]:
+    """The interpreters of those names on PATH, then pyenv's own builds of them (a pyenv shim
+    of a version that is not active fails to run)."""
+    found = [p for p in (shutil.which(n) for n in names) if p]
+    for name in names:
+        version = name.removeprefix("python")
+        found += sorted(str(p) for p in Path.home().glob(f".pyenv/versions/{version}*/bin/python3"))
+    return found
+
+
+def _runs(interpreter: str) -> bool:
+    done = subprocess.run([interpreter, "-c", "import venv"], capture_output=True, check=False)
+    return done.returncode == 0
+
+
 def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, float]:
     """PgQueuer, Oban-py or Celery through its harness in ``work``: no-op jobs/s at 1 x 1, 1 x 4
     and 2 x 4, and enqueue -> start latency (one job every 10 ms); each run checked to have
@@ -409,9 +424,9 @@ def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, 
     venv, interpreters, packages = QUEUE_PEERS[name]
     py = work / venv / "bin" / "python"
     if not py.exists():
-        found = next((shutil.which(i) for i in interpreters if shutil.which(i)), None)
+        found = next((c for c in _interpreters(interpreters) if _runs(c)), None)
         if found is None:
-            raise RuntimeError(f"needs one of {', '.join(interpreters)}")
+            raise RuntimeError(f"needs one of {', '.join(interpreters)} (none runs here)")
         subprocess.run([found, "-m", "venv", str(work / venv)], check=True)
         subprocess.run(
             [str(py), "-m", "pip", "install", "-q", *packages],
