@@ -401,6 +401,16 @@ QUEUE_PEERS: dict[str, tuple[str, tuple[str, ...], list[str]]] = {
 }
 
 
+def peer_run(command: list[str], work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One sub-command of a peer's harness; the JSON object it prints last."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=work, timeout=900, env=env, check=False
+    )
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command[1:3])} failed: {done.stderr.strip()[-500:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _interpreters(names: tuple[str, ...]) -> list[str]:
     """The interpreters of those names on PATH, then pyenv's own builds of them (a pyenv shim
     of a version that is not active fails to run)."""
@@ -436,18 +446,7 @@ def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, 
     script = str(work / f"{name}_bench" / "bench.py")
 
     def run(*args: str) -> dict[str, Any]:
-        done = subprocess.run(
-            [str(py), script, *args],
-            capture_output=True,
-            text=True,
-            cwd=work,
-            timeout=900,
-            env=env,
-            check=False,
-        )
-        if done.returncode:
-            raise RuntimeError(f"{args[0]} failed: {done.stderr.strip()[-500:]}")
-        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        return peer_run([str(py), script, *args], work, env)
 
     def once(result: dict[str, Any]) -> float:
         if not result.get("exactly_once", False):
@@ -494,19 +493,8 @@ def peers(
         if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "FEISHU_INBOX_HANDLERS")
     }
 
-    def run(*args: str) -> dict[str, float]:
-        done = subprocess.run(
-            [py, *args],
-            capture_output=True,
-            text=True,
-            cwd=work,
-            timeout=900,
-            env=env,
-            check=False,
-        )
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()[-500:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+    def run(*args: str) -> dict[str, Any]:
+        return peer_run([py, *args], work, env)
 
     p, d = str(work / "procrastinate_bench" / "bench.py"), str(work / "djtasks" / "bench.py")
     res: dict[str, dict[str, float]] = {name: {} for name in PEER_NAMES}

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.browser import chromium_context
 from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
-from tests.support.processes import ROOT, free_port, port_open, subprocess_env, wait_for
+from tests.support.processes import ROOT, free_port, gunicorn, port_open, subprocess_env, wait_for
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,7 @@ def test_ctrl_c_stops_the_demo_at_once_even_with_an_idle_connection_open(
 ) -> None:
     """Ctrl-C is SIGINT to the terminal's whole process group; a browser that has the admin
     open holds an idle keep-alive connection meanwhile."""
-    import http.client
     import os
-    import time
 
     port = free_port()
     env = subprocess_env(
@@ -157,21 +155,7 @@ def test_ctrl_c_stops_the_demo_at_once_even_with_an_idle_connection_open(
         # The user presses Ctrl-C once the demo is up: its worker too (a process still
         # importing Django when SIGINT comes just dies of it, which proves nothing here).
         wait_for(lambda: b" started: " in log_path.read_bytes(), 60, "the demo's worker")
-        used = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        used.request("GET", "/admin/login/")
-        assert used.getresponse().read()  # answered; the connection stays open, idle
-        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        idle.connect()  # connected, no request yet (a browser's spare connection)
-        # Once gunicorn has accepted it, a thread waits on it for its first byte: that
-        # thread is what held the stop up (5 s, or a SIGKILL on a busy machine).
-        wait_for(lambda: _accept_queue(port) == 0, 10, "gunicorn to accept the connection")
-        started = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):  # the assertion below says it
-            proc.wait(30)
-            took = time.monotonic() - started
-        idle.close()
-        used.close()
+        took = _ctrl_c_with_an_idle_connection_open(proc, port)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -184,30 +168,15 @@ def test_ctrl_c_stops_the_demo_at_once_even_with_an_idle_connection_open(
 def test_gunicorn_under_the_demo_settings_stops_at_once_on_sigint(tmp_path: Path) -> None:
     """The web server alone, as a terminal's Ctrl-C reaches it: master and worker both get SIGINT
     while a thread of the worker waits on a connection that has sent nothing yet."""
-    import http.client
     import os
-    import time
 
     port = free_port()
     env = subprocess_env(DATABASE_URL=f"sqlite:///{tmp_path / 'web.sqlite3'}")
     log_path = tmp_path / "gunicorn.err"
     with open(log_path, "wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "project.wsgi",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "1",
-                "--threads",
-                "8",
-                "--config",
-                "python:project.demo.serving",
-            ],
-            cwd=ROOT,
+        proc = gunicorn(
+            port,
+            ("--workers", "1", "--threads", "8", "--config", "python:project.demo.serving"),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -215,18 +184,7 @@ def test_gunicorn_under_the_demo_settings_stops_at_once_on_sigint(tmp_path: Path
         )
     try:
         wait_for(lambda: port_open(port) or proc.poll() is not None, 60, "gunicorn")
-        used = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        used.request("GET", "/admin/login/")
-        used.getresponse().read()
-        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        idle.connect()
-        wait_for(lambda: _accept_queue(port) == 0, 10, "gunicorn to accept the connection")
-        started = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(30)
-        took = time.monotonic() - started
-        idle.close()
-        used.close()
+        took = _ctrl_c_with_an_idle_connection_open(proc, port)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -234,6 +192,33 @@ def test_gunicorn_under_the_demo_settings_stops_at_once_on_sigint(tmp_path: Path
     log = log_path.read_text(errors="replace")
     assert took < 3, (took, log[-2000:])
     assert "SIGKILL" not in log, log[-2000:]
+
+
+def _ctrl_c_with_an_idle_connection_open(proc: subprocess.Popen[bytes], port: int) -> float:
+    """Ctrl-C (SIGINT to the process group) while one used keep-alive connection and one that
+    has sent nothing yet (a browser's spare connection) are open; the seconds until the process
+    exits (infinity if it did not within 30 s)."""
+    import http.client
+    import os
+    import time
+
+    used = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    used.request("GET", "/admin/login/")
+    assert used.getresponse().read()  # answered; the connection stays open, idle
+    idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    idle.connect()
+    # Once gunicorn has accepted it, a thread waits on it for its first byte: that thread is
+    # what held the stop up (5 s, or a SIGKILL on a busy machine).
+    wait_for(lambda: _accept_queue(port) == 0, 10, "gunicorn to accept the connection")
+    took = float("inf")
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # the caller's assertion says it
+        proc.wait(30)
+        took = time.monotonic() - started
+    idle.close()
+    used.close()
+    return took
 
 
 def _accept_queue(port: int) -> int | None:

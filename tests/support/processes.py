@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 
@@ -54,23 +55,18 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+#: How the tests' gunicorn runs unless a test says otherwise.
+SERVER_ARGS = ("--workers", "2", "--log-level", "warning")
+
+
+def gunicorn(port: int, args: Sequence[str] = SERVER_ARGS, **popen: Any) -> subprocess.Popen[bytes]:
+    """The site under gunicorn on ``port`` (started, not yet listening)."""
+    command = [sys.executable, "-m", "gunicorn", "project.wsgi", "--bind", f"127.0.0.1:{port}"]
+    return subprocess.Popen([*command, *args], cwd=ROOT, **popen)
+
+
 def start_server(port: int, **env: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "2",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(**env),
-    )
+    proc = gunicorn(port, env=subprocess_env(**env))
     try:
         wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "gunicorn to listen")
     except AssertionError:
