@@ -646,12 +646,17 @@ def main() -> None:
         ("latency p99 ms", "p99_ms"),
         ("latency max ms", "max_ms"),
     ]
-    djtasks_keys = {"c4": None, "2x4": "2x1"}  # db_worker: one job at a time per process
+
+    def their_key(name: str, key: str) -> str | None:
+        """django-tasks-db's db_worker runs one job at a time per process: no 1 x 4, and its
+        2 x 4 cell is 2 x 1."""
+        return {"c4": None, "2x4": "2x1"}.get(key, key) if name == "django-tasks-db" else key
+
     for label, key in rows:
         mine_cell = f"{ours[key]:,.0f}" if "ms" not in key else f"{ours[key]:.1f}"
         cells = [mine_cell]
         for name in PEER_NAMES:
-            k = djtasks_keys.get(key, key) if name == "django-tasks-db" else key
+            k = their_key(name, key)
             cells.append("(no option)" if k is None else cell(name, k))
         print(f"  {label:24}" + "".join(f"{c:>16}" for c in cells))
     print(
@@ -661,8 +666,8 @@ def main() -> None:
     )
     for name in PEER_NAMES:
         parts = []
-        for _label, key in rows[:5]:
-            k = djtasks_keys.get(key, key) if name == "django-tasks-db" else key
+        for _, key in rows[:5]:
+            k = their_key(name, key)
             per = [
                 r[0][key] / r[1][name][k]
                 for r in rounds
