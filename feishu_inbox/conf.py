@@ -57,6 +57,14 @@ class InboxSettings:
     #: (bench/worker.py, 1 process x 4 slots: 930 jobs/s together, 1,317 apart). Turn it on
     #: when the database's CPU, not its latency, is what limits the workers.
     FINISH_TOGETHER: bool = False
+    #: A worker writes the finishes of its slots that end within this window (seconds)
+    #: together, with its next claims, in one statement and one commit, and holds a small
+    #: buffer of claimed jobs for its fast handlers (runtime/batching.py): a finish waits at
+    #: most this long behind another job. 0 turns batches off: each slot writes its own
+    #: finish and claims its own next job (FINISH_TOGETHER then applies).
+    BATCH_WINDOW: float = 0.005
+    #: Most finishes in one batch, and most jobs a worker holds in its buffer.
+    BATCH_SIZE: int = 32
     #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
     POLL_INTERVAL: float = 1.0
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.
@@ -189,6 +197,15 @@ class InboxSettings:
             problems.append(
                 f"WORKER_RETENTION must be a positive timedelta (got {self.WORKER_RETENTION!r})."
             )
+        window = self.BATCH_WINDOW
+        if isinstance(window, bool) or not isinstance(window, int | float) or not 0 <= window <= 1:
+            problems.append(
+                f"BATCH_WINDOW must be a number of seconds from 0 (no batches) to 1 "
+                f"(got {window!r}); a few milliseconds is what it is for."
+            )
+        size = self.BATCH_SIZE
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1000:
+            problems.append(f"BATCH_SIZE must be an integer from 1 to 1000 (got {size!r}).")
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
         if not isinstance(self.METRICS_TOKEN, str):

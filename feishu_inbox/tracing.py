@@ -85,6 +85,13 @@ class Span:
         if self._span is not None:
             self._span.set_attribute(key, value)
 
+    def detach(self) -> None:
+        """Make its parent current again on this thread and leave it open: another thread
+        ends it (a worker's batch, once the job's finish is written)."""
+        if self._token is not None:
+            context_api.detach(self._token)
+            self._token = None
+
     def end(self, error: BaseException | None = None) -> None:
         """End it (``error``: what ended it, recorded with an error status), and make its
         parent current again."""

@@ -429,6 +429,35 @@ def finish_together(
     ]
 
 
+def finish_batch(
+    worker_id: str,
+    finishes: list[tuple[Lease, str]],
+    *,
+    limit: int,
+    token: str,
+    lease_seconds: float | None = None,
+    keys: KeyFilter = EVERY_KEY,
+) -> tuple[list[str | None], list[ClaimedJob]]:
+    """A worker's batch: the finishes it gathered (lease, error type as ``ledger.finish``
+    writes it), each fenced on its own (None for one whose lease was lost, or whose finish had
+    landed already: nothing of it changed), and one claim of up to ``limit`` next heads with
+    ``token``, in one transaction (on PostgreSQL one statement). A finished partition's next
+    job can be claimed by it, never before the finish. A batch whose reply was lost finds its
+    jobs with ``claimed_with`` and that token."""
+    if not finishes and limit < 1:
+        return [], []
+    _maybe_sweep()
+    ended, rows = store().finish_batch(
+        worker_id,
+        finishes,
+        token=token,
+        lease_seconds=_lease_seconds(lease_seconds),
+        limit=max(limit, 0),
+        keys=keys,
+    )
+    return ended, _claimed(rows, worker_id, token)
+
+
 def fail(
     lease: Lease,
     *,

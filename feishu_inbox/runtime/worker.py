@@ -55,6 +55,7 @@ from ..store import store
 from ..store.schema import SCHEDULES_NOTICE, STOPPING_NOTICE
 from . import context, handlers, registry, writes
 from . import limits as rate_limits
+from .batching import Batch, Ended
 from .finishing import Finish, FinishGroup
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -289,7 +290,11 @@ class _Slots:
     def take(self, ctx: context.JobContext) -> None:
         with self._lock:
             self._held[ctx.event.job_id] = ctx
-            self.claimed += 1
+
+    def count(self, claimed: int) -> None:
+        """Jobs claimed (by the main thread's claims and batches) or handed back (< 0)."""
+        with self._lock:
+            self.claimed += claimed
 
     def free(self, ctx: context.JobContext, successor: context.JobContext | None = None) -> None:
         with self._lock:
@@ -348,6 +353,10 @@ class Worker:
             self.lease_seconds,
             in_flight=1 if conf.FINISH_TOGETHER else options.concurrency,
             keys=self.keys,
+        )
+        #: BATCH_WINDOW > 0: finishes written together and jobs claimed ahead (batching.py).
+        self._batch = (
+            Batch(conf.BATCH_WINDOW, conf.BATCH_SIZE, self._wake) if conf.BATCH_WINDOW else None
         )
         self._pool = _Pool()
         self._async = _AsyncRunner()
@@ -433,32 +442,70 @@ class Worker:
         connections.close_all()
 
     def _loop(self) -> None:
+        batch = self._batch
         while not self._stop.is_set():
+            self._fill_slots()
             free = self.options.concurrency - len(self._slots)
+            # Room: the free slots, and with batches the buffer's free places.
+            room = free
+            if batch is not None:
+                room += batch.ahead(self.options.concurrency) - batch.buffered()
             if self.options.max_jobs is not None:
-                free = min(free, self.options.max_jobs - self._slots.claimed)
-                if free <= 0 and self._slots.claimed >= self.options.max_jobs:
-                    break
-            claimed = []
-            if free > 0:
-                claimed = self._claim(free)
-                for job, sent in claimed:
-                    self._start(job, sent)
+                left = self.options.max_jobs - self._slots.claimed
+                room = min(room, left)
+                if left <= 0:
+                    break  # what was claimed runs to its end in _drain
+            ended = batch.take_ended() if batch and batch.due(slot_idle=free > 0) else []
+            if ended or (free > 0 and room > 0):
+                claimed = self._claim(max(room, 0), ended)
                 if claimed:
+                    self._place(claimed)
+                if claimed or (ended and not self._db_backoff):
                     continue
-                if self.options.burst and not self._slots and not self._db_backoff:
+                if (
+                    self.options.burst
+                    and not self._slots
+                    and not self._db_backoff
+                    and not (batch and (batch.waiting() or batch.buffered()))
+                ):
                     break  # nothing is due and nothing of ours runs
-            self._sleep(free > 0)
+            self._sleep(free > 0, until=batch.deadline() if batch else None)
             self._wake.clear()
 
-    def _claim(self, limit: int) -> list[tuple[ledger.ClaimedJob, float]]:
-        """Claim up to ``limit`` jobs, each with when its lease was asked for (monotonic).
+    def _place(self, claimed: list[tuple[ledger.ClaimedJob, float]]) -> None:
+        """Start claimed jobs: on the free slots, the rest into the buffer (batches only:
+        without them a claim takes no more than the free slots)."""
+        if self._batch is None:
+            for job, sent in claimed:
+                self._start(job, sent)
+            return
+        self._batch.buffer(claimed)
+        self._fill_slots()
+
+    def _fill_slots(self) -> None:
+        """Start buffered jobs on the slots that are free."""
+        if self._batch is None:
+            return
+        while len(self._slots) < self.options.concurrency and not self._stop.is_set():
+            item = self._batch.next_buffered()
+            if item is None:
+                return
+            self._start(*item, started=time.monotonic())
+
+    def _claim(
+        self, limit: int, ended: Sequence[Ended] = ()
+    ) -> list[tuple[ledger.ClaimedJob, float]]:
+        """Claim up to ``limit`` jobs, each with when its lease was asked for (monotonic);
+        with ``ended``, a batch: their finishes first, in the same statement and commit.
 
         While the database is away, a claim fails and the next one comes after a short backoff
-        (never a long sleep: claims resume within a second of its return). A claim whose reply
-        was lost may have taken jobs: the next claim first looks for them by its token.
+        (never a long sleep: claims resume within a second of its return); a batch's finishes
+        wait again, as retries. A claim whose reply was lost may have taken jobs: the next
+        claim first looks for them by its token.
         """
         sent = time.monotonic()
+        recovered: list[ledger.ClaimedJob] = []
+        statuses: list[str | None] = []
         try:
             _check_connection()
             if self._claim_token is not None:
@@ -466,24 +513,67 @@ class Worker:
                 self._claim_token = None
                 if recovered:
                     log.warning("recovered %s jobs of a claim whose reply was lost", len(recovered))
-                    return [(job, sent) for job in recovered]
+                    self._slots.count(len(recovered))
+                    if not ended:
+                        return [(job, sent) for job in recovered]
+                    limit -= len(recovered)
             self._claim_token = ledger.new_token()
-            jobs = ledger.claim(
-                self.worker_id,
-                lease_seconds=self.lease_seconds,
-                limit=limit,
-                token=self._claim_token,
-                keys=self.keys,
-            )
+            if ended:
+                statuses, jobs = ledger.finish_batch(
+                    self.worker_id,
+                    [(entry.ctx.lease, "") for entry in ended],
+                    limit=max(limit, 0),
+                    token=self._claim_token,
+                    lease_seconds=self.lease_seconds,
+                    keys=self.keys,
+                )
+            else:
+                jobs = ledger.claim(
+                    self.worker_id,
+                    lease_seconds=self.lease_seconds,
+                    limit=limit,
+                    token=self._claim_token,
+                    keys=self.keys,
+                )
             self._claim_token = None
         except DatabaseError as exc:
             telemetry.CLAIMS.labels("error").inc()
-            self._database_away("claim", exc, since=sent)
-            return []
+            self._database_away("finish and claim" if ended else "claim", exc, since=sent)
+            if self._batch is not None:
+                self._batch.put_back(list(ended))
+            return [(job, sent) for job in recovered]
         self._db_backoff = 0.0
         self._db_away_since = None
+        self._slots.count(len(jobs))
         telemetry.CLAIMS.labels("jobs" if jobs else "empty").inc()
-        return [(job, sent) for job in jobs]
+        claimed = [(job, sent) for job in recovered + jobs]
+        if ended:
+            self._place(claimed)  # the slots first; then the bookkeeping of what ended
+            for entry, status in zip(ended, statuses, strict=True):
+                self._settle(entry, status)
+            return []
+        return claimed
+
+    def _settle(self, entry: Ended, status: str | None) -> None:
+        """A batch wrote a job's finish: its outcome is counted, logged and told. A finish the
+        batch found fenced out learns why alone (or, retried, finds that it had landed)."""
+        ctx = entry.ctx
+        if status is None:
+            try:
+                status = ledger.finish(ctx.lease, retrying=entry.retrying)
+            except LeaseLost as exc:
+                ctx.mark_lost(str(exc))
+                status = "lease_lost"
+            except DatabaseError as exc:  # the batch's reply came: a bug; log it
+                log.exception("job %s: the ledger refused a write (%s)", ctx.event.job_id, exc)
+                writes.drop_connection()
+                status = "database_error"
+            else:
+                if ctx.on_end is not None:
+                    self._call_on_end(ctx, status, None)
+        elif ctx.on_end is not None:
+            self._call_on_end(ctx, status, None)
+        self._account(ctx, status, entry.span, entry.took)
 
     def _database_away(self, doing: str, exc: DatabaseError, *, since: float | None = None) -> None:
         """``since``: when the call that failed began (a call may wait a while to fail)."""
@@ -505,26 +595,34 @@ class Worker:
             log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
         writes.drop_connection()
 
-    def _sleep(self, can_claim: bool) -> None:
+    def _sleep(self, can_claim: bool, *, until: float | None = None) -> None:
+        """``until``: when (monotonic) a batch's window ends, if one waits."""
         if self._db_backoff:
             self._stop.wait(self._db_backoff)
             return
         longest = LISTEN_MAX_SLEEP if self._listening else self.poll_interval
+        if until is not None:
+            longest = min(longest, max(0.0, until - time.monotonic()))
         timeout = longest
         if can_claim:
             try:
-                until = seconds_until_wakeup(self.keys)
+                due = seconds_until_wakeup(self.keys)
             except DatabaseError as exc:
                 self._database_away("reading the next wake-up", exc)
                 return
-            if until is not None:
-                timeout = min(longest, max(MIN_SLEEP, until))
+            if due is not None:
+                timeout = min(longest, max(MIN_SLEEP, due))
         self._wake.wait(timeout)
 
     # --- one job -----------------------------------------------------------------------------
 
-    def _context(self, job: ledger.ClaimedJob, sent: float) -> context.JobContext:
+    def _context(
+        self, job: ledger.ClaimedJob, sent: float, started: float | None = None
+    ) -> context.JobContext:
+        """``sent``: when its lease was asked for; ``started``: when it starts, if later (it
+        waited in the batch's buffer)."""
         _count_start(job)
+        started = sent if started is None else started
         event = context.Event(
             job_id=job.id,
             event_id=job.event_id,
@@ -542,15 +640,15 @@ class Worker:
             event=event,
             lease_seconds=self.lease_seconds,
             renewed_at=sent,
-            started=sent,
+            started=started,
             has_steps=job.has_steps,
             on_lost=self._slots.free,
-            deadline=None if timeout is None else sent + timeout,
+            deadline=None if timeout is None else started + timeout,
             trace_parent=job.trace_parent,
         )
 
-    def _start(self, job: ledger.ClaimedJob, sent: float) -> None:
-        ctx = self._context(job, sent)
+    def _start(self, job: ledger.ClaimedJob, sent: float, started: float | None = None) -> None:
+        ctx = self._context(job, sent, started)
         self._slots.take(ctx)
         if job.private_message:
             self._check_now.set()  # a newer message may already wait
@@ -594,25 +692,42 @@ class Worker:
                 ctx.thread_done = True
                 if ctx.abandoned:  # the worker timed it out; its thread is back
                     self._abandoned -= 1
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             took = time.monotonic() - started
-            label = _outcome_label(ctx, outcome)
-            telemetry.JOBS_FINISHED.labels(event.event_type, label).inc()
-            span.set("feishu_inbox.outcome", label)
-            span.end(ctx.ended_by if label not in _CLEAN_ENDS else None)
-            telemetry.HANDLER_SECONDS.labels(event.event_type).observe(took)
-            self._slots.free(ctx, successor=following)
-            log.info(
-                "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
-                event.job_id,
-                event.event_id,
-                event.event_type,
-                event.partition_key,
-                event.attempt,
-                outcome,
-                took * 1000,
-            )
+            if outcome is _PENDING:  # its finish waits for the batch; the slot goes on
+                assert self._batch is not None
+                span.detach()
+                item = self._batch.ended(Ended(ctx, span, took), take_next=not self._stop.is_set())
+                if item is not None:
+                    following = self._context(*item, started=time.monotonic())
+                    if item[0].private_message:
+                        self._check_now.set()  # a newer message may already wait
+                self._slots.free(ctx, successor=following)
+            else:
+                self._slots.free(ctx, successor=following)
+                self._account(ctx, outcome, span, took)
         return following
+
+    def _account(
+        self, ctx: context.JobContext, outcome: str, span: tracing.Span, took: float
+    ) -> None:
+        """Count, trace and log an attempt that ended (``took``: seconds on its slot)."""
+        event = ctx.event
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        label = _outcome_label(ctx, outcome)
+        telemetry.JOBS_FINISHED.labels(event.event_type, label).inc()
+        span.set("feishu_inbox.outcome", label)
+        span.end(ctx.ended_by if label not in _CLEAN_ENDS else None)
+        telemetry.HANDLER_SECONDS.labels(event.event_type).observe(took)
+        log.info(
+            "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
+            event.job_id,
+            event.event_id,
+            event.event_type,
+            event.partition_key,
+            event.attempt,
+            outcome,
+            took * 1000,
+        )
 
     def _finish(
         self, ctx: context.JobContext, *, superseded: bool = False, note: str = ""
@@ -621,6 +736,8 @@ class Worker:
         finishes of other slots that end meanwhile (``finishing``)."""
         ctx.ensure_alive()
         ctx.ending = True
+        if self._batch is not None and not superseded and not note:
+            return _PENDING, None  # the batch writes it (_run_one hands it over)
         reserved = 0 if self._stop.is_set() else self._slots.reserve(self.options.max_jobs)
         token = ledger.new_token()  # the same for every try: a lost reply's jobs are found
         sent = time.monotonic()
@@ -795,12 +912,17 @@ class Worker:
         """Tell the job's ``on_end`` (a task's signals) how its attempt ended; what it raises
         is logged, never the worker's concern."""
         ctx.ended_by = error
-        if ctx.on_end is not None:
-            try:
-                ctx.on_end(result[0], error)
-            except Exception:
-                log.exception("job %s: its end's callback raised", ctx.event.job_id)
+        if ctx.on_end is not None and result[0] is not _PENDING:  # else: once it is written
+            self._call_on_end(ctx, result[0], error)
         return result
+
+    @staticmethod
+    def _call_on_end(ctx: context.JobContext, state: str, error: BaseException | None) -> None:
+        assert ctx.on_end is not None
+        try:
+            ctx.on_end(state, error)
+        except Exception:
+            log.exception("job %s: its end's callback raised", ctx.event.job_id)
 
     # --- heartbeat: renewals and supersede checks ------------------------------------------
 
@@ -818,6 +940,9 @@ class Worker:
                     self._time_out(ctx)
                 elif time.monotonic() - ctx.renewed_at >= renew_every:
                     self._renew(ctx)
+            if self._batch is not None:
+                for job in self._batch.stale(now=time.monotonic()):
+                    self._hand_back_buffered(job, "It waited too long for a free slot.")
             self._check_now.clear()
             self._look_for_signals()
             self._check_now.wait(tick)
@@ -1078,15 +1203,26 @@ class Worker:
 
     def _drain(self) -> None:
         # A natural end (--burst, --max-jobs) waits for running handlers however long they
-        # take; only a stop request (a signal) limits them to the grace period.
+        # take, and runs what its buffer holds; only a stop request (a signal) limits them to
+        # the grace period, and hands the buffer back at once.
+        batch = self._batch
         if not self._stop.is_set():
-            while self._slots and not self._stop.is_set():
-                self._wake.wait(1.0)
+            while not self._stop.is_set() and (
+                self._slots or (batch and (batch.buffered() or batch.waiting()))
+            ):
+                self._fill_slots()
+                self._write_ended()
+                self._wake.wait(1.0 if batch is None or not batch.waiting() else batch.window)
                 self._wake.clear()
+        if batch is not None:
+            for job in batch.take_buffered():
+                self._hand_back_buffered(job, "The worker shut down.")
         deadline = time.monotonic() + self.options.grace_seconds
         while self._slots and time.monotonic() < deadline:
+            self._write_ended()
             self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
+        self._write_ended()
         for ctx in self._slots.held():
             if ctx.effects_started:
                 log.warning(
@@ -1103,6 +1239,27 @@ class Worker:
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)
             except (LeaseLost, InvalidState) as exc:
                 log.warning("job %s not handed back: %s", ctx.event.job_id, exc)
+        self._write_ended()  # the handlers that returned meanwhile
+
+    def _write_ended(self) -> None:
+        """Write the batch's waiting finishes now, claiming nothing (the worker is stopping).
+        Jobs a lost reply had claimed, found again, are handed back."""
+        if self._batch is None or not self._batch.waiting():
+            return
+        self._claim(0, self._batch.take_ended())
+        for job in self._batch.take_buffered():
+            self._hand_back_buffered(job, "The worker shut down.")
+
+    def _hand_back_buffered(self, job: ledger.ClaimedJob, why: str) -> None:
+        """Give back a claimed job that never started, without spending an attempt."""
+        try:
+            _check_connection()
+            state = ledger.hand_back(job.lease, message=why)
+        except (LeaseLost, InvalidState, DatabaseError) as exc:
+            log.warning("job %s not handed back: %s (its lease will expire)", job.id, exc)
+            return
+        self._slots.count(-1)
+        log.info("job %s handed back before it started (%s): %s", job.id, state, why)
 
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:
@@ -1117,6 +1274,9 @@ def _count_start(job: ledger.ClaimedJob) -> None:
         waited = (datetime.now(timezone.utc) - job.due_at).total_seconds()
         telemetry.WAIT_SECONDS.labels(job.event_type).observe(max(0.0, waited))
 
+
+#: What ``_finish`` returns for a finish the batch writes (``_run_one`` hands it over).
+_PENDING = "pending"
 
 #: The worker's outcomes (the ledger's state after the attempt) as the metrics name them.
 _OUTCOMES = {"retry_wait": "retried", "queued": "deferred", "running": "deferred"}

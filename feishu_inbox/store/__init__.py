@@ -74,6 +74,16 @@ class Store(Protocol):
         lease_seconds: float,
         keys: KeyFilter = EVERY_KEY,
     ) -> list[tuple[str | None, list[Row]]]: ...
+    def finish_batch(
+        self,
+        worker_id: str,
+        finishes: Sequence[tuple[Fence, str]],
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        keys: KeyFilter = EVERY_KEY,
+    ) -> tuple[list[str | None], list[Row]]: ...
 
     # the lease holder's other calls
     def renew(self, fence: Fence, lease_seconds: float) -> datetime | None: ...

@@ -42,6 +42,7 @@ PREPARED = frozenset(
         "end_attempt",
         "finish_and_claim",
         "finish_together",
+        "finish_batch",
         "claim_in_queues",
         "finish_and_claim_in_queues",
         # A running job's own writes: its heartbeat, the end of each effect, each step.
@@ -352,6 +353,35 @@ class PostgresStore(SqlStore):
             (r["ended_status"], [] if r["id"] is None else [r])
             for r in found  # one row per finish, in their order
         ]
+
+    def finish_batch(
+        self,
+        worker_id: str,
+        finishes: Sequence[tuple[Fence, str]],
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        keys: KeyFilter = EVERY_KEY,
+    ) -> tuple[list[str | None], list[Row]]:
+        found = self.rows(
+            "finish_batch",
+            {
+                "worker_id": worker_id,
+                "job_ids": [f.job_id for f, _ in finishes],
+                "tokens": [f.token for f, _ in finishes],
+                "partition_keys": [f.partition_key for f, _ in finishes],
+                "error_types": [error_type for _, error_type in finishes],
+                "new_token": token,
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                # NULL: a worker of every queue (feishu_inbox_claim, the unfiltered claim)
+                "prefixes": list(keys.prefixes) or None,
+                "excluding": keys.excluding,
+            },
+        )
+        ended = [r["ended_status"] for r in found if r["finished_id"] is not None]
+        return ended, [r for r in found if r["finished_id"] is None]
 
     def take_tokens(
         self, keys: Sequence[str], rates: Sequence[float], bursts: Sequence[float]

@@ -62,6 +62,21 @@ LEFT JOIN LATERAL (
     SELECT {claimed_columns} FROM (SELECT (f.claimed).*) j WHERE j.id IS NOT NULL
 ) c ON TRUE
 
+-- finish_batch --
+-- A worker's batch (feishu_inbox_finish_batch): the finishes it gathered over its flush window,
+-- each fenced on its own (a lost one NULL), and one claim of up to %(limit)s next heads with one
+-- token, in one statement and one commit. Rows with a finished_id are the finishes, in their
+-- order; the others the claimed jobs. Only on PostgreSQL: SQLite runs the finishes and the
+-- claim one by one, in one transaction.
+SELECT f.finished_id, f.ended_status, c.*
+FROM feishu_inbox_finish_batch(%(worker_id)s, %(job_ids)s::bigint[], %(tokens)s::text[],
+                               %(partition_keys)s::text[], %(error_types)s::text[],
+                               %(new_token)s, %(limit)s, %(lease_seconds)s,
+                               %(prefixes)s::text[], %(excluding)s::boolean) f
+LEFT JOIN LATERAL (
+    SELECT {claimed_columns} FROM (SELECT (f.claimed).*) j WHERE j.id IS NOT NULL
+) c ON TRUE
+
 -- lock_partitions --
 -- Lock partition rows in key order (the lock order is always partition, then job), waiting
 -- for a holder.

@@ -205,6 +205,26 @@ class SqliteStore(SqlStore):
                 return status, []
             return status, self._claim(fence.worker_id, token, lease_seconds, limit, keys)
 
+    def finish_batch(
+        self,
+        worker_id: str,
+        finishes: Sequence[tuple[Fence, str]],
+        *,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        keys: KeyFilter = EVERY_KEY,
+    ) -> tuple[list[str | None], list[Row]]:
+        # One transaction (one commit) for all, as PostgreSQL's one statement; SQLite has one
+        # writer at a time, so the order of the finishes' locks does not matter here.
+        with self.transaction():
+            ended = [
+                self._end_attempt(fence, "finish_job", {"error_type": error})
+                for fence, error in finishes
+            ]
+            claimed = self._claim(worker_id, token, lease_seconds, limit, keys) if limit else []
+            return ended, claimed
+
     def finish_together(
         self,
         finishes: Sequence[tuple[Fence, str, str]],

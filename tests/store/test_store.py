@@ -121,9 +121,9 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015 and 0024 load their function files; migrating back
-    drops them (or restores their earlier versions), forward again creates them, and the
-    ledger works after the round trip."""
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024 and 0027 load their function files;
+    migrating back drops them (or restores their earlier versions), forward again creates
+    them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
         with connection.cursor() as cur:
@@ -137,6 +137,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_now_plus",
         "feishu_inbox_claim_prefixed",
         "feishu_inbox_finish_together",
+        "feishu_inbox_finish_batch",
         "feishu_inbox_job_check",
         "feishu_inbox_partition_check",
     }
@@ -182,6 +183,9 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert check_constraints() == 0  # 0014: row triggers instead
     assert end_attempt_merged()
     try:
+        call_command("migrate", "feishu_inbox", "0026", verbosity=0)
+        expected -= {"feishu_inbox_finish_batch"}  # new in 0027
+        assert functions() == expected and finish_together_arguments() == 9
         call_command("migrate", "feishu_inbox", "0023", verbosity=0)
         assert finish_together_arguments() == 8 and claim_prefixed_arguments() == 5  # 0013's
         assert functions() == expected and end_attempt_merged()
@@ -202,6 +206,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         assert functions() == set()
     finally:
         call_command("migrate", "feishu_inbox", verbosity=0)
+    expected |= {"feishu_inbox_finish_batch"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged()
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6

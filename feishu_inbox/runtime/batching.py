@@ -1,0 +1,158 @@
+"""A worker's batch: finishes written together on a short window, and claims ahead of its slots.
+
+With ``BATCH_WINDOW`` > 0 (the default), a slot whose handler returned does not write its
+finish itself: it leaves it here and runs the next job of the worker's small local buffer at
+once. The worker's main thread writes the finishes that gathered, and claims the next heads, in
+one statement and one commit (``ledger.finish_batch``): when the oldest has waited the window,
+when a slot has nothing left to run, or when a batch is full. So, with fast handlers, a commit
+serves many jobs, and the database works on one batch while the slots run the next.
+
+What does not change (docs/guarantees.md): a finish commits before its partition's next job
+can be claimed (that partition stays ``running`` until then, and the claim that takes its next
+job runs after the finish, in the same commit); an effect's start commits before the effect (a
+handler's own writes never wait for a batch); a job's finish waits at most the window behind
+any other job. A worker that dies between a handler's return and its batch's commit leaves
+that job ``running``; its lease expires and it runs again, as after a crash before a single
+finish: its effects' records stand, so an effect that completed is not repeated.
+
+The buffer holds claimed jobs that wait for a slot. Its size follows the handlers' speed: as
+many jobs as the slots finish in one window (none for slow handlers: a job is never claimed to
+wait behind a long one), at most ``BATCH_SIZE`` in all. A buffered job that still waits after
+``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is handed back, without spending an
+attempt, for any worker to take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .. import tracing
+from ..ledger.rules import ClaimedJob
+from .context import JobContext
+
+#: How long a claimed job may wait in the buffer for a slot before it is handed back (s).
+BUFFER_PATIENCE = 1.0
+#: Weight of the newest job in the running mean of the time a job holds its slot.
+_NEWEST = 0.2
+
+
+@dataclass(eq=False)
+class Ended:
+    """A job whose handler returned, waiting for its finish to be written."""
+
+    ctx: JobContext
+    span: tracing.Span
+    #: Seconds from its start to its handler's return.
+    took: float
+    #: Its batch's statement failed once: the finish may have landed (its reply was lost).
+    retrying: bool = False
+
+
+class Batch:
+    """The finishes waiting to be written and the claimed jobs waiting for a slot."""
+
+    def __init__(self, window: float, size: int, wake: threading.Event) -> None:
+        self.window = window
+        self.size = size
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._ended: list[Ended] = []
+        self._oldest: float | None = None
+        #: Claimed jobs, each with when its claim was sent (monotonic).
+        self._buffer: deque[tuple[ClaimedJob, float]] = deque()
+        #: Running mean of the seconds a job holds its slot (None: none ran yet).
+        self._job_seconds: float | None = None
+
+    # --- the slots' side -----------------------------------------------------------------
+
+    def ended(self, entry: Ended, *, take_next: bool) -> tuple[ClaimedJob, float] | None:
+        """Leave a finish to be written; the buffer's next job for this slot (if
+        ``take_next`` and there is one)."""
+        with self._lock:
+            self._ended.append(entry)
+            first = self._oldest is None
+            if first:
+                self._oldest = time.monotonic()
+            seconds = self._job_seconds
+            self._job_seconds = (
+                entry.took if seconds is None else seconds + _NEWEST * (entry.took - seconds)
+            )
+            following = self._buffer.popleft() if take_next and self._buffer else None
+            full = len(self._ended) >= self.size
+        if first or following is None or full:
+            self._wake.set()  # the main thread: a window starts, a slot idles, or it is full
+        return following
+
+    # --- the main thread's side ----------------------------------------------------------
+
+    def due(self, *, slot_idle: bool) -> bool:
+        """Whether the finishes should be written now: the oldest waited the window, the
+        batch is full, or a slot has nothing to run (nothing is buffered for it)."""
+        with self._lock:
+            if self._oldest is None:
+                return False
+            if slot_idle and not self._buffer:
+                return True
+            return len(self._ended) >= self.size or (time.monotonic() - self._oldest >= self.window)
+
+    def deadline(self) -> float | None:
+        """When (monotonic) the oldest waiting finish's window ends; None: none waits."""
+        with self._lock:
+            return None if self._oldest is None else self._oldest + self.window
+
+    def take_ended(self) -> list[Ended]:
+        with self._lock:
+            taken, self._ended, self._oldest = self._ended, [], None
+            return taken
+
+    def put_back(self, entries: list[Ended]) -> None:
+        """A batch's statement failed: its finishes wait again, first, as retries."""
+        if not entries:
+            return
+        for entry in entries:
+            entry.retrying = True
+        with self._lock:
+            self._ended[:0] = entries
+            self._oldest = time.monotonic() if self._oldest is None else self._oldest
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._ended)
+
+    def ahead(self, concurrency: int) -> int:
+        """How many jobs to hold in the buffer beyond the slots: what they finish in a window."""
+        with self._lock:
+            seconds = self._job_seconds
+        if seconds is None:
+            return 0  # nothing known yet: claim for the free slots only
+        return min(self.size, int(concurrency * self.window / max(seconds, 1e-6)))
+
+    def buffer(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
+        with self._lock:
+            self._buffer.extend(jobs)
+
+    def next_buffered(self) -> tuple[ClaimedJob, float] | None:
+        with self._lock:
+            return self._buffer.popleft() if self._buffer else None
+
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    def stale(self, *, now: float) -> list[ClaimedJob]:
+        """Take the buffered jobs that waited past BUFFER_PATIENCE (to hand them back)."""
+        with self._lock:
+            kept = deque(item for item in self._buffer if now - item[1] < BUFFER_PATIENCE)
+            gone = [job for job, sent in self._buffer if now - sent >= BUFFER_PATIENCE]
+            self._buffer = kept
+        return gone
+
+    def take_buffered(self) -> list[ClaimedJob]:
+        """Empty the buffer (the worker stops: its jobs are handed back)."""
+        with self._lock:
+            gone = [job for job, _ in self._buffer]
+            self._buffer.clear()
+        return gone
