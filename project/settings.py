@@ -112,6 +112,7 @@ FEISHU_INBOX: dict[str, object] = {
     "BACKOFF_BASE": env.float("FEISHU_INBOX_BACKOFF_BASE", default=5.0),
     "LEASE_SECONDS": env.float("FEISHU_INBOX_LEASE_SECONDS", default=60.0),
     "POLL_INTERVAL": env.float("FEISHU_INBOX_POLL_INTERVAL", default=1.0),
+    "BATCH_WINDOW": env.float("FEISHU_INBOX_BATCH_WINDOW", default=0.005),
     "PURGE_INTERVAL": env.float("FEISHU_INBOX_PURGE_INTERVAL", default=300.0),
     # Who may read /feishu/metrics/ besides staff (README "Monitoring").
     "METRICS_TOKEN": env.str("FEISHU_INBOX_METRICS_TOKEN", default=""),

@@ -1,0 +1,210 @@
+"""A worker's batches (runtime/batching.py): finishes written together, claims ahead of the slots.
+
+The ledger's call on both databases, and real ``runworker`` processes: one killed with SIGKILL
+between its handlers' return and their batch's commit loses no job, repeats no effect and keeps
+each chat's order; a slow job never holds back another partition's finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection, connections
+
+from feishu_inbox import ledger
+from feishu_inbox.models import EventJob
+from feishu_inbox.runtime.batching import BUFFER_PATIENCE, Batch, Ended
+from feishu_inbox.tracing import NOTHING
+from tests.support.outages import sqlite_locked
+from tests.support.processes import wait_for
+from tests.support.worker_helpers import Workers, enqueue, job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _claim_all(limit: int) -> list[ledger.ClaimedJob]:
+    return ledger.claim("w1", limit=limit, lease_seconds=30)
+
+
+def test_a_batch_finishes_each_fenced_and_claims_the_freed_heads_in_one_call() -> None:
+    ids = {p: [enqueue(f"{p}-{i}", [], partition=p) for i in range(2)] for p in "abc"}
+    first = _claim_all(3)
+    assert sorted(j.id for j in first) == sorted(ids[p][0] for p in "abc")
+    taken_over = next(j for j in first if j.id == ids["c"][0])
+    EventJob.objects.filter(pk=taken_over.id).update(lease_token="someone-else")
+    ended, claimed = ledger.finish_batch(
+        "w1",
+        [(j.lease, "") for j in first],
+        limit=5,
+        token=ledger.new_token(),
+        lease_seconds=30,
+    )
+    by_id = dict(zip([j.id for j in first], ended, strict=True))
+    assert by_id == {ids["a"][0]: "completed", ids["b"][0]: "completed", ids["c"][0]: None}
+    # The finished partitions' next jobs, claimed in the same commit; c's head still runs.
+    assert sorted(j.id for j in claimed) == [ids["a"][1], ids["b"][1]]
+    assert job(ids["c"][0]).status == "running"
+    # A batch sent again after its reply was lost: each finish is found fenced out, and
+    # ledger.finish(retrying=True) finds it had landed.
+    again, more = ledger.finish_batch(
+        "w1",
+        [(j.lease, "") for j in first[:2]],
+        limit=0,
+        token=ledger.new_token(),
+    )
+    assert again == [None, None] and more == []
+    assert [ledger.finish(j.lease, retrying=True) for j in first[:2]] == ["completed"] * 2
+
+
+def test_a_batch_claims_no_more_than_its_limit_and_none_for_a_limit_of_zero() -> None:
+    for i in range(6):
+        enqueue(f"e{i}", [], partition=f"p{i}")
+    [one] = _claim_all(1)
+    ended, claimed = ledger.finish_batch("w1", [(one.lease, "")], limit=2, token=ledger.new_token())
+    assert ended == ["completed"] and len(claimed) == 2
+    assert [j.lease.partition_key for j in claimed] == ["p1", "p2"]  # receipt order
+    assert ledger.finish_batch("w1", [], limit=0, token=ledger.new_token()) == ([], [])
+
+
+def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> None:
+    batch = Batch(0.005, 32, threading.Event())
+    assert batch.ahead(4) == 0  # nothing known: only the free slots are claimed
+    fast = Ended(ctx=None, span=NOTHING, took=0.0001)  # type: ignore[arg-type]
+    assert batch.ended(fast, take_next=True) is None
+    assert batch.ahead(1) == 32  # fast handlers: a full buffer (at most BATCH_SIZE)
+    slow = Batch(0.005, 32, threading.Event())
+    slow.ended(Ended(ctx=None, span=NOTHING, took=2.0), take_next=True)  # type: ignore[arg-type]
+    assert slow.ahead(4) == 0  # an LLM call: nothing waits behind it
+    jobs = [
+        (_job_stub(1), 100.0),
+        (_job_stub(2), 100.0 + BUFFER_PATIENCE / 2),
+    ]
+    batch.buffer(jobs)  # type: ignore[arg-type]
+    assert [j.id for j in batch.stale(now=100.0 + BUFFER_PATIENCE)] == [1]
+    assert batch.buffered() == 1
+
+
+def _job_stub(job_id: int) -> object:
+    class Stub:
+        id = job_id
+
+    return Stub()
+
+
+# --- on real runworker processes ----------------------------------------------------------------
+
+
+@contextmanager
+def finishes_held(partitions: list[str]) -> Iterator[Callable[[], None]]:
+    """Hold back every commit that would finish a job of these partitions: PostgreSQL, their
+    partition rows locked by another session (a batch locks them first); SQLite, the file's
+    write lock held by another process. Yields what cuts the worker's waiting session off
+    once the worker is killed: PostgreSQL would otherwise run the statement it was sent as
+    soon as the lock goes, its client dead or not (as it does for a single finish)."""
+    if connection.vendor != "postgresql":
+        with sqlite_locked():
+            yield lambda: None  # the killed process's transaction never began
+        return
+    other = connections.create_connection("default")
+
+    def waiting(query: str) -> list[int]:
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s",
+                [f"%{query}%"],
+            )
+            return [pid for (pid,) in cursor.fetchall()]
+
+    def cut_off() -> None:
+        batches = waiting("feishu_inbox_finish_batch")
+        assert batches, "no batch was waiting on the held partitions"
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [batches])
+        wait_for(lambda: not waiting("feishu_inbox_finish_batch"), 10, "the session to end")
+
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT key FROM feishu_inbox_partition WHERE key = ANY(%s) FOR UPDATE",
+                [partitions],
+            )
+            assert len(cursor.fetchall()) == len(partitions)
+        yield cut_off
+    finally:
+        other.rollback()
+        other.close()
+
+
+def test_a_worker_killed_between_its_handlers_return_and_their_batch_commit(
+    workers: Workers,
+) -> None:
+    """Four heads run at once and wait on a gate; their partitions' finishes are held back;
+    the gate opens and all four handlers return; the worker is killed before any of their
+    finishes commits. The next worker runs the three effect-free ones again and every later
+    job after them, in order; the one whose effect had started ends ``unknown`` (its effect
+    is not repeated), as after a crash before a single finish."""
+    chats = [f"chat-{i}" for i in range(4)]
+    order: dict[str, list[str]] = defaultdict(list)
+    heads = {}
+    for i, chat in enumerate(chats):
+        steps = ["effect", "gate:g"] if i == 0 else ["gate:g"]
+        heads[chat] = enqueue(f"{chat}-0", steps, partition=chat)
+        order[chat].append(f"{chat}-0")
+    for n in (1, 2):
+        for chat in chats[1:]:
+            enqueue(f"{chat}-{n}", [], partition=chat)
+            order[chat].append(f"{chat}-{n}")
+    first = workers.start("--concurrency", "4", "--lease-seconds", "2")
+    wait_for(lambda: len(workers.lines("start")) == 4, 30, "the four heads to start")
+    wait_for(lambda: workers.lines("effect"), 30, "chat-0's effect")
+    with finishes_held(chats) as cut_off:
+        workers.open_gate("g")
+        wait_for(lambda: len(workers.lines("end")) == 4, 30, "the four handlers to return")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        cut_off()
+    # Not one finish committed: the kill came between the handlers' return and the batch.
+    assert {job(heads[c]).status for c in chats} == {"running"}
+    workers.start("--concurrency", "4", "--lease-seconds", "2")
+
+    def settled() -> bool:
+        connection.close()
+        return EventJob.objects.filter(status__in=["running", "queued", "retry_wait"]).count() == 0
+
+    wait_for(settled, 60, "every job to end")
+    statuses = dict(EventJob.objects.values_list("event_id", "status"))
+    assert statuses.pop("chat-0-0") == "unknown"
+    assert job(heads["chat-0"]).error_type == "LeaseExpiredAfterSideEffect"
+    assert set(statuses.values()) == {"completed"} and len(statuses) == 9
+    assert len(workers.lines("effect")) == 1  # never repeated
+    starts = workers.lines("start")
+    for chat in chats[1:]:
+        assert [line[4] for line in starts if line[1] == f"{chat}-0"] == ["1", "2"]  # again
+    # Each chat's order: a job starts only after the one before it ended for the last time.
+    ends: dict[str, int] = {}
+    for line in workers.lines("end"):
+        ends[line[1]] = max(ends.get(line[1], 0), int(line[3]))
+    for chat in chats[1:]:
+        for before, after in zip(order[chat], order[chat][1:], strict=False):
+            started = [int(line[3]) for line in starts if line[1] == after]
+            assert started and min(started) > ends[before], (chat, before, after)
+
+
+def test_a_slow_job_never_holds_back_another_partitions_finish(workers: Workers) -> None:
+    """With a window of a whole second, a quick job beside a stuck one still completes at
+    once: its slot has nothing else to run, so its batch goes without waiting."""
+    enqueue("slow", ["gate:slow"], partition="chat-slow")
+    workers.start("--concurrency", "2", FEISHU_INBOX_BATCH_WINDOW="1")
+    wait_for(lambda: workers.lines("start", "slow"), 30, "the slow job to start")
+    quick = enqueue("quick", [], partition="chat-quick")
+    wait_for(lambda: job(quick).status == "completed", 5, "the quick job's finish")
+    assert job(EventJob.objects.get(event_id="slow").pk).status == "running"
+    workers.open_gate("slow")
