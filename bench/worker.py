@@ -98,15 +98,18 @@ def throughput(
     n: int,
     event_type: str = "bench.noop",
     env: dict[str, str] | None = None,
+    partitions: int = 1000,
 ) -> float:
-    """Jobs/s over the database window from the first claim to the last finish."""
+    """Jobs/s over the database window from the first claim to the last finish (and, in
+    COMMITS_PER_JOB, the database's commits per job over the run)."""
     from django.db import connection
 
     truncate_ledger()
     if event_type.startswith("bench.reply"):
-        fill_messages(n, 1000, event_type)
+        fill_messages(n, partitions, event_type)
     else:
-        fill(n, 1000, event_type)
+        fill(n, partitions, event_type)
+    commits_before = _commits()
     machine_before = machine_cpu_seconds()
     workers = [
         subprocess.Popen(
@@ -127,6 +130,8 @@ def throughput(
     ]
     worker_cpu = wait_for_exit(workers)
     machine_cpu = machine_cpu_seconds() - machine_before
+    shape = f"{procs}x{concurrency}" + ("" if partitions > 1 else "_one_chat")
+    COMMITS_PER_JOB[shape] = (_commits() - commits_before) / n
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
@@ -136,7 +141,7 @@ def throughput(
     assert done == n, (done, n)
     # Where the cores went: the workers' own CPU, and the rest of the machine's (PostgreSQL's
     # backends, almost all of it), per job, over the run's whole wall time.
-    CPU_PER_JOB[f"{procs}x{concurrency}"] = (
+    CPU_PER_JOB[shape] = (
         1e6 * worker_cpu / n,
         1e6 * (machine_cpu - worker_cpu) / n,
     )
@@ -145,6 +150,20 @@ def throughput(
 
 #: Per shape ("1x4"), the last throughput run's CPU per job, in µs: (workers, rest of machine).
 CPU_PER_JOB: dict[str, tuple[float, float]] = {}
+#: Per shape, the last run's commits in the database per job (every session's: the workers'
+#: heartbeats and renewals too, a few per second).
+COMMITS_PER_JOB: dict[str, float] = {}
+
+
+def _commits() -> int:
+    """The database's committed transactions so far (its sessions' counts are flushed when
+    they end: the burst workers have ended when this is read after a run)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return int(cur.fetchone()[0])
 
 
 def replies(url: str, n: int) -> dict[str, float]:
@@ -611,9 +630,13 @@ def main() -> None:
             "c1": throughput(url, 1, 1, args.jobs),
             "c4": throughput(url, 1, 4, args.jobs),
             "2x4": throughput(url, 2, 4, args.jobs),
+            # One busy chat: its jobs are serial by definition, one commit each.
+            "one_chat": throughput(url, 1, 4, min(args.jobs, 2000), partitions=1),
         }
         for shape, (workers_us, rest_us) in CPU_PER_JOB.items():
             mine[f"cpu_us_{shape}"], mine[f"rest_cpu_us_{shape}"] = workers_us, rest_us
+        for shape, commits in COMMITS_PER_JOB.items():
+            mine[f"commits_{shape}"] = commits
         mine["p50_ms"], mine["p99_ms"], mine["max_ms"] = latency(url, 500, 0.01)
         if number % 2 == 1 and not args.no_peers:
             their_round = peers(args.peers, args.jobs, args.peers_work)
@@ -688,6 +711,16 @@ def main() -> None:
             if f"cpu_us_{shape}" in ours
         )
         + f" (2 cores: {2e6 / ours['2x4']:.0f} µs of core time per job at 2 x 4)"
+    )
+    print(
+        "  commits per job in the database (every session's): "
+        + "; ".join(
+            f"{shape} {ours[f'commits_{shape}']:.2f}"
+            for shape in ("1x1", "1x4", "2x4")
+            if f"commits_{shape}" in ours
+        )
+        + f"; one chat at 1 x 4 ({ours['one_chat']:,.0f} jobs/s): "
+        + f"{ours.get('commits_1x4_one_chat', float('nan')):.2f}"
     )
     if args.queues_only:
         print(json.dumps({"feishu_inbox": ours, "peers": their, "rounds": rounds}))
