@@ -72,6 +72,21 @@ def test_a_batch_claims_no_more_than_its_limit_and_none_for_a_limit_of_zero() ->
     assert ledger.finish_batch("w1", [], limit=0, token=ledger.new_token()) == ([], [])
 
 
+def test_a_batch_takes_any_partition_key_and_error_type() -> None:
+    """PostgreSQL gets a batch's lists as array literals: quotes, backslashes, commas, braces,
+    spaces and non-ASCII in a key reach the ledger as they were."""
+    keys = ['chat "q"', "back\\slash", "a,b", "{braces}", " spaced ", "é中", "NULL"]
+    ids = [enqueue(f"k{i}", [], partition=key) for i, key in enumerate(keys)]
+    claimed = _claim_all(len(keys))
+    assert sorted(j.id for j in claimed) == ids
+    ended, _ = ledger.finish_batch(
+        "w1", [(j.lease, 'Note "odd", \\ {x}') for j in claimed], limit=0, token="t"
+    )
+    assert ended == ["completed"] * len(keys)
+    rows = EventJob.objects.filter(pk__in=ids).values_list("partition_key", "error_type")
+    assert sorted(rows) == sorted((key, 'Note "odd", \\ {x}') for key in keys)
+
+
 def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> None:
     batch = Batch(0.005, 32, threading.Event())
     assert batch.ahead(4) == 0  # nothing known: only the free slots are claimed
