@@ -82,8 +82,11 @@ class Batch:
             )
             following = self._buffer.popleft() if take_next and self._buffer else None
             full = len(self._ended) >= self.size
-        if first or following is None or full:
-            self._wake.set()  # the main thread: a window starts, a slot idles, or it is full
+        # The main thread: a window starts while this slot goes on, the batch is full, or
+        # the worker stops. A slot with nothing buffered writes the batch itself (or, when
+        # the main thread is claiming, frees its slot, which wakes it).
+        if full or not take_next or (first and following is not None):
+            self._wake.set()
         return following
 
     # --- the main thread's side ----------------------------------------------------------

@@ -368,6 +368,9 @@ class Worker:
         self.gave_up = False
         #: The token of a claim whose reply was lost: its jobs may be ours (``claimed_with``).
         self._claim_token: str | None = None
+        #: Held by whoever claims (the main thread, or a slot writing its batch itself).
+        self._claiming = threading.Lock()
+
         self._signals = 0
         self.outcomes: dict[str, int] = {}
         #: Handler threads still running a job that timed out; at ``concurrency`` of them
@@ -446,20 +449,15 @@ class Worker:
         while not self._stop.is_set():
             self._fill_slots()
             free = self.options.concurrency - len(self._slots)
-            # Room: the free slots, and with batches the buffer's free places.
-            room = free
-            if batch is not None:
-                room += batch.ahead(self.options.concurrency) - batch.buffered()
-            if self.options.max_jobs is not None:
-                left = self.options.max_jobs - self._slots.claimed
-                room = min(room, left)
-                if left <= 0:
-                    break  # what was claimed runs to its end in _drain
+            room = self._room(free)
+            if self.options.max_jobs is not None and self.options.max_jobs <= self._slots.claimed:
+                break  # what was claimed runs to its end in _drain
             ended = batch.take_ended() if batch and batch.due(slot_idle=free > 0) else []
             if ended or (free > 0 and room > 0):
-                claimed = self._claim(max(room, 0), ended)
-                if claimed:
-                    self._place(claimed)
+                with self._claiming:
+                    claimed, statuses = self._claim(max(room, 0), ended)
+                self._place(claimed)
+                self._settle_all(ended, statuses)
                 if claimed or (ended and not self._db_backoff):
                     continue
                 if (
@@ -471,6 +469,16 @@ class Worker:
                     break  # nothing is due and nothing of ours runs
             self._sleep(free > 0, until=batch.deadline() if batch else None)
             self._wake.clear()
+
+    def _room(self, free: int) -> int:
+        """How many jobs a claim may take: the free slots, and with batches the buffer's free
+        places; never past --max-jobs."""
+        room = free
+        if self._batch is not None:
+            room += self._batch.ahead(self.options.concurrency) - self._batch.buffered()
+        if self.options.max_jobs is not None:
+            room = min(room, self.options.max_jobs - self._slots.claimed)
+        return room
 
     def _place(self, claimed: list[tuple[ledger.ClaimedJob, float]]) -> None:
         """Start claimed jobs: on the free slots, the rest into the buffer (batches only:
@@ -494,9 +502,10 @@ class Worker:
 
     def _claim(
         self, limit: int, ended: Sequence[Ended] = ()
-    ) -> list[tuple[ledger.ClaimedJob, float]]:
+    ) -> tuple[list[tuple[ledger.ClaimedJob, float]], list[str | None]]:
         """Claim up to ``limit`` jobs, each with when its lease was asked for (monotonic);
-        with ``ended``, a batch: their finishes first, in the same statement and commit.
+        with ``ended``, a batch: their finishes first, in the same statement and commit, and
+        each one's status (empty when the batch failed). The caller holds ``_claiming``.
 
         While the database is away, a claim fails and the next one comes after a short backoff
         (never a long sleep: claims resume within a second of its return); a batch's finishes
@@ -515,7 +524,7 @@ class Worker:
                     log.warning("recovered %s jobs of a claim whose reply was lost", len(recovered))
                     self._slots.count(len(recovered))
                     if not ended:
-                        return [(job, sent) for job in recovered]
+                        return [(job, sent) for job in recovered], []
                     limit -= len(recovered)
             self._claim_token = ledger.new_token()
             if ended:
@@ -541,18 +550,18 @@ class Worker:
             self._database_away("finish and claim" if ended else "claim", exc, since=sent)
             if self._batch is not None:
                 self._batch.put_back(list(ended))
-            return [(job, sent) for job in recovered]
+            return [(job, sent) for job in recovered], []
         self._db_backoff = 0.0
         self._db_away_since = None
         self._slots.count(len(jobs))
         telemetry.CLAIMS.labels("jobs" if jobs else "empty").inc()
-        claimed = [(job, sent) for job in recovered + jobs]
-        if ended:
-            self._place(claimed)  # the slots first; then the bookkeeping of what ended
+        return [(job, sent) for job in recovered + jobs], statuses
+
+    def _settle_all(self, ended: Sequence[Ended], statuses: list[str | None]) -> None:
+        """After a batch (its claimed jobs placed first): what ended, told and counted."""
+        if statuses:  # else the batch failed: its finishes wait again
             for entry, status in zip(ended, statuses, strict=True):
                 self._settle(entry, status)
-            return []
-        return claimed
 
     def _settle(self, entry: Ended, status: str | None) -> None:
         """A batch wrote a job's finish: its outcome is counted, logged and told. A finish the
@@ -696,12 +705,33 @@ class Worker:
             if outcome is _PENDING:  # its finish waits for the batch; the slot goes on
                 assert self._batch is not None
                 span.detach()
-                item = self._batch.ended(Ended(ctx, span, took), take_next=not self._stop.is_set())
+                batch = self._batch
+                running = not self._stop.is_set()
+                item = batch.ended(Ended(ctx, span, took), take_next=running)
+                ended: list[Ended] = []
+                statuses: list[str | None] = []
+                alone = len(self._slots) == 1  # no other slot runs: none will add to it
+                if item is None and running and alone and self._claiming.acquire(blocking=False):
+                    # Nothing buffered, no other slot running: this one writes the batch
+                    # itself, and runs the job its claim brings (a busy chat's next one: one
+                    # commit a job, no hand-over between threads).
+                    try:
+                        ended = batch.take_ended()
+                        free = self.options.concurrency - len(self._slots) + 1  # this one
+                        claimed, statuses = self._claim(max(self._room(free), 0), ended)
+                    finally:
+                        self._claiming.release()
+                    if claimed:
+                        item = claimed[0]
+                        batch.buffer(claimed[1:])
                 if item is not None:
                     following = self._context(*item, started=time.monotonic())
                     if item[0].private_message:
                         self._check_now.set()  # a newer message may already wait
                 self._slots.free(ctx, successor=following)
+                if ended:
+                    self._fill_slots()
+                    self._settle_all(ended, statuses)
             else:
                 self._slots.free(ctx, successor=following)
                 self._account(ctx, outcome, span, took)
@@ -1246,7 +1276,10 @@ class Worker:
         Jobs a lost reply had claimed, found again, are handed back."""
         if self._batch is None or not self._batch.waiting():
             return
-        self._claim(0, self._batch.take_ended())
+        with self._claiming:
+            ended = self._batch.take_ended()
+            _, statuses = self._claim(0, ended)
+        self._settle_all(ended, statuses)
         for job in self._batch.take_buffered():
             self._hand_back_buffered(job, "The worker shut down.")
 
