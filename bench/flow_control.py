@@ -5,10 +5,16 @@
   site that declares no limit should see no difference beyond noise;
 - the cost of a job that takes a rate-limit token: no-op jobs that each take one token of
   their chat's bucket (spread rows), and of one bucket all share (one hot row), in both
-  checkouts.
+  checkouts;
+- what the worker's flow-control checks cost a job of a handler that declares nothing (a
+  pause, a concurrency key, a rate limit, a timeout looked up), in µs, in this process.
+
+``--batch-window 0`` runs this checkout's workers without batches (one commit per job, as a
+base from before them): then the two sides differ by what they do per job, not by batching.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python bench/flow_control.py --base /tmp/base [--jobs 5000] [--rounds 3]
+                                           [--noop-only] [--batch-window 0]
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _setup import ROOT, fresh_postgres, machine_cpu_seconds, median, reproduce, wait_for_exit
+from _setup import (
+    ROOT,
+    django_setup,
+    fresh_postgres,
+    machine_cpu_seconds,
+    median,
+    reproduce,
+    wait_for_exit,
+)
 
 
 def run_sql(url: str, sql: str, params: list[object]) -> list[tuple[object, ...]]:
@@ -40,7 +54,9 @@ def prepare(tree: Path, name: str) -> str:
     return url
 
 
-def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type: str) -> float:
+def throughput(
+    tree: Path, url: str, procs: int, slots: int, n: int, event_type: str, **extra: str
+) -> float:
     run_sql(
         url,
         # CASCADE: the tables that reference the jobs, whichever the checkout has
@@ -61,6 +77,7 @@ def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type:
         "DATABASE_URL": url,
         "FEISHU_INBOX_HANDLERS": "bench.bench_handlers",
         "LOG_LEVEL": "WARNING",
+        **extra,
     }
     machine_before = machine_cpu_seconds()
     workers = [
@@ -97,6 +114,27 @@ def throughput(tree: Path, url: str, procs: int, slots: int, n: int, event_type:
 CPU_PER_JOB: dict[tuple[str, int, int, str], list[tuple[float, float]]] = {}
 
 
+def checks_per_job(url: str, n: int = 200_000) -> float:
+    """µs of the flow-control lookups the worker makes for each job of a handler that
+    declares nothing (runtime/worker.py, _execute and _context), in this process: the pauses
+    (a cached list, read again every half second), concurrency keys, rate limits, timeout."""
+    import time
+
+    os.environ["FEISHU_INBOX_HANDLERS"] = "bench.bench_handlers"
+    django_setup(url, migrate=False)
+    from feishu_inbox.ledger import pauses
+    from feishu_inbox.runtime import registry
+
+    registry.registered()
+    start = time.perf_counter()
+    for _ in range(n):
+        pauses.holding(app="default", event_type="bench.noop", partition_key="chat-1")
+        registry.concurrency_for("bench.noop")
+        registry.rate_limits_for("bench.noop")
+        registry.timeout_for("bench.noop")
+    return (time.perf_counter() - start) / n * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other checkout")
@@ -107,7 +145,13 @@ def main() -> None:
         action="store_true",
         help="only the no-op rows (a base from before flow control has no token handlers)",
     )
+    parser.add_argument(
+        "--batch-window",
+        help="this checkout's BATCH_WINDOW (0: no batches, one commit per job, as a base "
+        "from before them)",
+    )
     args = parser.parse_args()
+    extra = {} if args.batch_window is None else {"FEISHU_INBOX_BATCH_WINDOW": args.batch_window}
     ours = prepare(ROOT, "fi_bench_flow")
     base = prepare(args.base, "fi_bench_flow_base")
     rows: dict[str, list[float]] = {}
@@ -124,7 +168,9 @@ def main() -> None:
         ):
             if args.noop_only and kind != "bench.noop":
                 continue
-            rate = throughput(tree, url, procs, slots, args.jobs, kind)
+            rate = throughput(
+                tree, url, procs, slots, args.jobs, kind, **(extra if tree == ROOT else {})
+            )
             rows.setdefault(label, []).append(rate)
             print(f"round {r + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
     med = {k: median(v) for k, v in rows.items()}
@@ -155,6 +201,10 @@ def main() -> None:
                 f"CPU per no-op job, {side} {procs}x{slots}: workers {workers_us:.0f} µs, the "
                 f"rest of the machine (PostgreSQL) {rest_us:.0f} µs (medians of {len(runs)})"
             )
+    print(
+        "flow-control checks of a job whose handler declares nothing: "
+        f"{checks_per_job(ours):.2f} µs per job (this process)"
+    )
     print(f"reproduce: {reproduce()}; this machine's speed swings: compare within one run")
 
 
