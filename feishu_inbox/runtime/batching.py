@@ -145,11 +145,12 @@ class Batch:
         with self._lock:
             return len(self._buffer)
 
-    def stale(self, *, now: float) -> list[ClaimedJob]:
-        """Take the buffered jobs that waited past BUFFER_PATIENCE (to hand them back)."""
+    def stale(self, *, now: float, patience: float = BUFFER_PATIENCE) -> list[ClaimedJob]:
+        """Take the buffered jobs that waited past ``patience`` seconds since their claim was
+        sent (to hand them back)."""
         with self._lock:
-            kept = deque(item for item in self._buffer if now - item[1] < BUFFER_PATIENCE)
-            gone = [job for job, sent in self._buffer if now - sent >= BUFFER_PATIENCE]
+            kept = deque(item for item in self._buffer if now - item[1] < patience)
+            gone = [job for job, sent in self._buffer if now - sent >= patience]
             self._buffer = kept
         return gone
 

@@ -55,7 +55,7 @@ from ..store import store
 from ..store.schema import SCHEDULES_NOTICE, STOPPING_NOTICE
 from . import context, handlers, registry, writes
 from . import limits as rate_limits
-from .batching import Batch, Ended
+from .batching import BUFFER_PATIENCE, Batch, Ended
 from .finishing import Finish, FinishGroup
 
 log = logging.getLogger("feishu_inbox.worker")
@@ -370,6 +370,8 @@ class Worker:
         self._claim_token: str | None = None
         #: Held by whoever claims (the main thread, or a slot writing its batch itself).
         self._claiming = threading.Lock()
+        #: Held while buffered jobs are started on the free slots.
+        self._filling = threading.Lock()
 
         self._signals = 0
         self.outcomes: dict[str, int] = {}
@@ -454,7 +456,8 @@ class Worker:
                 break  # what was claimed runs to its end in _drain
             ended = batch.take_ended() if batch and batch.due(slot_idle=free > 0) else []
             if ended or (free > 0 and room > 0):
-                with self._claiming:
+                with self._claiming:  # room again: a slot may have claimed meanwhile
+                    room = self._room(self.options.concurrency - len(self._slots))
                     claimed, statuses = self._claim(max(room, 0), ended)
                 self._place(claimed)
                 self._settle_all(ended, statuses)
@@ -494,11 +497,12 @@ class Worker:
         """Start buffered jobs on the slots that are free."""
         if self._batch is None:
             return
-        while len(self._slots) < self.options.concurrency and not self._stop.is_set():
-            item = self._batch.next_buffered()
-            if item is None:
-                return
-            self._start(*item, started=time.monotonic())
+        with self._filling:  # the main thread and a slot that wrote a batch both fill
+            while len(self._slots) < self.options.concurrency and not self._stop.is_set():
+                item = self._batch.next_buffered()
+                if item is None:
+                    return
+                self._start(*item, started=time.monotonic())
 
     def _claim(
         self, limit: int, ended: Sequence[Ended] = ()
@@ -715,13 +719,21 @@ class Worker:
                     # Nothing buffered, no other slot running: this one writes the batch
                     # itself, and runs the job its claim brings (a busy chat's next one: one
                     # commit a job, no hand-over between threads).
+                    claimed: list[tuple[ledger.ClaimedJob, float]] = []
                     try:
                         ended = batch.take_ended()
                         free = self.options.concurrency - len(self._slots) + 1  # this one
                         claimed, statuses = self._claim(max(self._room(free), 0), ended)
+                    except Exception:  # not the database's (those _claim handles): a bug
+                        log.exception("writing a batch failed; its finishes wait again")
+                        batch.put_back(ended)
+                        ended = []
                     finally:
                         self._claiming.release()
-                    if claimed:
+                    if claimed and self._stop.is_set():  # stopped meanwhile: nothing starts
+                        for job, _ in claimed:
+                            self._hand_back_buffered(job, "The worker shut down.")
+                    elif claimed:
                         item = claimed[0]
                         batch.buffer(claimed[1:])
                 if item is not None:
@@ -971,7 +983,9 @@ class Worker:
                 elif time.monotonic() - ctx.renewed_at >= renew_every:
                     self._renew(ctx)
             if self._batch is not None:
-                for job in self._batch.stale(now=time.monotonic()):
+                # Within a third of the lease too: a buffered job is never renewed.
+                patience = min(BUFFER_PATIENCE, self.lease_seconds / 3)
+                for job in self._batch.stale(now=time.monotonic(), patience=patience):
                     self._hand_back_buffered(job, "It waited too long for a free slot.")
             self._check_now.clear()
             self._look_for_signals()
@@ -1242,7 +1256,8 @@ class Worker:
             ):
                 self._fill_slots()
                 self._write_ended()
-                self._wake.wait(1.0 if batch is None or not batch.waiting() else batch.window)
+                pause = self._db_backoff or (batch.window if batch and batch.waiting() else 1.0)
+                self._wake.wait(pause)
                 self._wake.clear()
         if batch is not None:
             for job in batch.take_buffered():
@@ -1252,7 +1267,7 @@ class Worker:
             self._write_ended()
             self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
-        self._write_ended()
+        self._write_ended(patiently=True)
         for ctx in self._slots.held():
             if ctx.effects_started:
                 log.warning(
@@ -1269,19 +1284,35 @@ class Worker:
                 log.info("job %s handed back (%s)", ctx.event.job_id, state)
             except (LeaseLost, InvalidState) as exc:
                 log.warning("job %s not handed back: %s", ctx.event.job_id, exc)
-        self._write_ended()  # the handlers that returned meanwhile
+        self._write_ended(patiently=True)  # the handlers that returned meanwhile
+        if self._batch is not None:  # what a slot's last batch claimed, or a lost reply's
+            for job in self._batch.take_buffered():
+                self._hand_back_buffered(job, "The worker shut down.")
 
-    def _write_ended(self) -> None:
-        """Write the batch's waiting finishes now, claiming nothing (the worker is stopping).
-        Jobs a lost reply had claimed, found again, are handed back."""
-        if self._batch is None or not self._batch.waiting():
+    def _write_ended(self, *, patiently: bool = False) -> None:
+        """Write the batch's waiting finishes now, claiming nothing (the worker is ending).
+        Jobs a lost reply had claimed, found again, are handed back. ``patiently``: while the
+        database is away, try again until the oldest of their leases is about to end (as
+        ``writes.write`` does for one finish); else once."""
+        batch = self._batch
+        if batch is None:
             return
-        with self._claiming:
-            ended = self._batch.take_ended()
-            _, statuses = self._claim(0, ended)
-        self._settle_all(ended, statuses)
-        for job in self._batch.take_buffered():
-            self._hand_back_buffered(job, "The worker shut down.")
+        delay = writes.RETRY_FIRST_DELAY
+        while batch.waiting():
+            with self._claiming:
+                ended = batch.take_ended()
+                found, statuses = self._claim(0, ended)
+            self._settle_all(ended, statuses)
+            for job, _ in found:
+                self._hand_back_buffered(job, "The worker shut down.")
+            if statuses or not patiently:
+                return
+            left = min(entry.ctx.lease_left() for entry in ended) - writes.LEASE_MARGIN
+            if left <= 0:
+                log.error("%s finishes not written before their leases ran out", len(ended))
+                return
+            time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
+            delay = min(delay * 2, writes.RETRY_LONGEST_DELAY)
 
     def _hand_back_buffered(self, job: ledger.ClaimedJob, why: str) -> None:
         """Give back a claimed job that never started, without spending an attempt."""

@@ -223,3 +223,33 @@ def test_a_slow_job_never_holds_back_another_partitions_finish(workers: Workers)
     wait_for(lambda: job(quick).status == "completed", 5, "the quick job's finish")
     assert job(EventJob.objects.get(event_id="slow").pk).status == "running"
     workers.open_gate("slow")
+
+
+def _quick_jobs(n: int) -> None:
+    for i in range(n):
+        enqueue(f"q{i}", [], partition=f"chat-{i}")
+
+
+def test_a_stopped_worker_leaves_no_claimed_job_behind(workers: Workers) -> None:
+    """SIGTERM while fast jobs run from the buffer: the worker hands back what it had claimed
+    ahead and writes the finishes that waited, so nothing stays ``running`` after it."""
+    _quick_jobs(400)
+    proc = workers.start("--concurrency", "2")
+    wait_for(lambda: len(workers.lines("end")) >= 60, 30, "the buffer to be in use")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    connection.close()
+    statuses = set(EventJob.objects.values_list("status", flat=True))
+    assert statuses <= {"completed", "queued"}, statuses
+    ran = [line[1] for line in workers.lines("start")]
+    assert len(ran) == len(set(ran))  # none ran twice
+    assert EventJob.objects.filter(status="completed").count() == len(ran)
+
+
+def test_max_jobs_runs_exactly_that_many_with_the_buffer(workers: Workers) -> None:
+    _quick_jobs(300)
+    proc = workers.start("--concurrency", "2", "--max-jobs", "150")
+    assert proc.wait(60) == 0
+    connection.close()
+    assert EventJob.objects.filter(status="completed").count() == 150
+    assert not EventJob.objects.filter(status="running").exists()
