@@ -118,7 +118,10 @@ class ClaimedJob:
 
 
 def _claimed(rows: list[Row], worker_id: str, token: str) -> list[ClaimedJob]:
-    return sorted((ClaimedJob.from_row(r, worker_id, token) for r in rows), key=lambda j: j.id)
+    """The claimed jobs in the claim's own order, highest priority first, then receipt (a
+    worker's buffer starts them in this order)."""
+    ordered = sorted(rows, key=lambda r: (-(r.get("priority") or 0), r["id"]))
+    return [ClaimedJob.from_row(r, worker_id, token) for r in ordered]
 
 
 # --- enqueue -------------------------------------------------------------------------------

@@ -571,22 +571,20 @@ class Worker:
         """A batch wrote a job's finish: its outcome is counted, logged and told. A finish the
         batch found fenced out learns why alone (or, retried, finds that it had landed)."""
         ctx = entry.ctx
-        if status is None:
+        outcome = status
+        if outcome is None:
             try:
-                status = ledger.finish(ctx.lease, retrying=entry.retrying)
+                outcome = status = ledger.finish(ctx.lease, retrying=entry.retrying)
             except LeaseLost as exc:
                 ctx.mark_lost(str(exc))
-                status = "lease_lost"
+                outcome = "lease_lost"
             except DatabaseError as exc:  # the batch's reply came: a bug; log it
                 log.exception("job %s: the ledger refused a write (%s)", ctx.event.job_id, exc)
                 writes.drop_connection()
-                status = "database_error"
-            else:
-                if ctx.on_end is not None:
-                    self._call_on_end(ctx, status, None)
-        elif ctx.on_end is not None:
+                outcome = "database_error"
+        if status is not None and ctx.on_end is not None:  # told only of a written end
             self._call_on_end(ctx, status, None)
-        self._account(ctx, status, entry.span, entry.took)
+        self._account(ctx, outcome, entry.span, entry.took)
 
     def _database_away(self, doing: str, exc: DatabaseError, *, since: float | None = None) -> None:
         """``since``: when the call that failed began (a call may wait a while to fail)."""
