@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import import_module
+from os import environ
 from typing import Any
 
 trace: Any = None
@@ -55,6 +56,9 @@ _KINDS = (
     if trace is not None
     else {}
 )
+#: The environment names a provider for the API to load on first use (read once: a process's
+#: environment is set before it starts).
+_PROVIDER_NAMED = "OTEL_PYTHON_TRACER_PROVIDER" in environ
 #: The tracer of the provider it came from (a site may set its provider after import).
 _tracer: tuple[Any, Any] = (None, None)
 
@@ -63,6 +67,10 @@ def _active_tracer() -> Any:
     """The package's tracer, or None when nothing would record a span."""
     global _tracer
     if trace is None:
+        return None
+    # Until a provider is set, the API reads the environment on every call (a few µs a job):
+    # its global is looked at first (if a later API renames it, the call decides, as before).
+    if not _PROVIDER_NAMED and getattr(trace, "_TRACER_PROVIDER", True) is None:
         return None
     provider = trace.get_tracer_provider()
     if isinstance(provider, _SILENT):

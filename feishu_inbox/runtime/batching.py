@@ -17,9 +17,13 @@ finish: its effects' records stand, so an effect that completed is not repeated.
 
 The buffer holds claimed jobs that wait for a slot. Its size follows the handlers' speed: as
 many jobs as the slots finish in one window (none for slow handlers: a job is never claimed to
-wait behind a long one), at most ``BATCH_SIZE`` in all. A buffered job that still waits after
-``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is handed back, without spending an
-attempt, for any worker to take.
+wait behind a long one), at most two batches (``2 * BATCH_SIZE``): once the slots have run as
+many buffered jobs as are left, the batch goes and its claims refill the buffer while the slots
+run the rest, so the database and the slots work side by side. Fast jobs stay on the slots
+already running (a thread woken for each costs every job a share of the GIL); a buffered job
+gets another free slot once it has waited a window, or when its handlers are slow. A buffered
+job that still waits after ``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is handed
+back, without spending an attempt, for any worker to take.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from .context import JobContext
 BUFFER_PATIENCE = 1.0
 #: Weight of the newest job in the running mean of the time a job holds its slot.
 _NEWEST = 0.2
+#: Fewest finishes a refill of a half-run buffer writes (fewer: the window decides).
+_LEAST_REFILL = 8
 
 
 @dataclass(eq=False)
@@ -65,6 +71,8 @@ class Batch:
         self._buffer: deque[tuple[ClaimedJob, float]] = deque()
         #: Running mean of the seconds a job holds its slot (None: none ran yet).
         self._job_seconds: float | None = None
+        #: The main thread was woken to refill the buffer since the last batch was taken.
+        self._refill_asked = False
 
     # --- the slots' side -----------------------------------------------------------------
 
@@ -82,12 +90,21 @@ class Batch:
             )
             following = self._buffer.popleft() if take_next and self._buffer else None
             full = len(self._ended) >= self.size
-        # The main thread: a window starts while this slot goes on, the batch is full, or
-        # the worker stops. A slot with nothing buffered writes the batch itself (or, when
-        # the main thread is claiming, frees its slot, which wakes it).
-        if full or not take_next or (first and following is not None):
+            refill = not self._refill_asked and self._refill_due()
+            if refill:
+                self._refill_asked = True
+        # The main thread: a window starts while this slot goes on, the batch is full, the
+        # buffer is half run, or the worker stops. A slot with nothing buffered writes the
+        # batch itself (or, when the main thread is claiming, frees its slot, which wakes it).
+        if full or refill or not take_next or (first and following is not None):
             self._wake.set()
         return following
+
+    def _refill_due(self) -> bool:
+        """The slots have run as many buffered jobs as are left: the batch goes now, so its
+        claims arrive while the slots run the rest (the database works on one batch while
+        the slots run the next, instead of after them). The caller holds the lock."""
+        return bool(self._buffer) and len(self._ended) >= max(len(self._buffer), _LEAST_REFILL)
 
     # --- the main thread's side ----------------------------------------------------------
 
@@ -99,16 +116,40 @@ class Batch:
                 return False
             if slot_idle and not self._buffer:
                 return True
-            return len(self._ended) >= self.size or (time.monotonic() - self._oldest >= self.window)
+            return (
+                len(self._ended) >= self.size
+                or self._refill_due()
+                or time.monotonic() - self._oldest >= self.window
+            )
 
     def deadline(self) -> float | None:
-        """When (monotonic) the oldest waiting finish's window ends; None: none waits."""
+        """When (monotonic) the oldest waiting finish's window ends, or the buffer's first
+        job's (a slot may be needed for it); None: nothing waits."""
         with self._lock:
-            return None if self._oldest is None else self._oldest + self.window
+            ends = [] if self._oldest is None else [self._oldest + self.window]
+            if self._buffer:
+                ends.append(self._buffer[0][1] + self.window)
+            return min(ends, default=None)
+
+    def needs_slot(self, busy: int) -> bool:
+        """Whether a buffered job should start on another free slot, with ``busy`` slots
+        running: not while those run the buffer within a window by themselves (fast handlers:
+        each thread woken costs every job some of the GIL), but once the buffer's first job
+        has waited a window (a busy slot may be in a slow job), and always for slow handlers."""
+        with self._lock:
+            if not self._buffer:
+                return False
+            seconds = self._job_seconds
+            if busy == 0 or seconds is None:
+                return True
+            if time.monotonic() - self._buffer[0][1] >= self.window:
+                return True
+            return busy * self.window < len(self._buffer) * seconds
 
     def take_ended(self) -> list[Ended]:
         with self._lock:
             taken, self._ended, self._oldest = self._ended, [], None
+            self._refill_asked = False
             return taken
 
     def put_back(self, entries: list[Ended]) -> None:
@@ -131,7 +172,7 @@ class Batch:
             seconds = self._job_seconds
         if seconds is None:
             return 0  # nothing known yet: claim for the free slots only
-        return min(self.size, int(concurrency * self.window / max(seconds, 1e-6)))
+        return min(2 * self.size, int(concurrency * self.window / max(seconds, 1e-6)))
 
     def buffer(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
         with self._lock:

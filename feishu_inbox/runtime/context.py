@@ -21,6 +21,44 @@ from ..errors import LeaseLost, TimedOut
 
 log = logging.getLogger("feishu_inbox.handlers")
 
+#: Guards the creation of a ``Flag``'s event (rare: only a flag someone waits on has one).
+_flag_events = threading.Lock()
+
+
+class Flag:
+    """A ``threading.Event`` that costs one attribute until someone waits on it.
+
+    A job has four (lost, interrupt, cancelled, timed out), almost never set and rarely waited
+    on; four real events were a tenth of a worker's CPU per no-op job (each is a condition and
+    a lock). ``set`` and ``is_set`` never lock; ``wait`` makes the event on first use.
+    """
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        event = self._event  # read after the flag: a waiter that made it sees one or other
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._event is None:
+            with _flag_events:
+                if self._event is None:
+                    self._event = threading.Event()
+        if self._set:  # set while the event was being made: it may not have seen it
+            self._event.set()
+        return self._event.wait(timeout)
+
 
 @dataclass(frozen=True)
 class Event:
@@ -47,10 +85,10 @@ class JobContext:
     lease_seconds: float = 60.0
     renewed_at: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
-    lost: threading.Event = field(default_factory=threading.Event)
+    lost: Flag = field(default_factory=Flag)
     #: A newer private message waits (SPEC §4); an operator cancelled the job.
-    interrupt: threading.Event = field(default_factory=threading.Event)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    interrupt: Flag = field(default_factory=Flag)
+    cancelled: Flag = field(default_factory=Flag)
     effects_started: bool = False
     #: This attempt's effects in flight (the worker is the only writer of its job's count).
     effects_in_flight: int = 0
@@ -77,7 +115,7 @@ class JobContext:
     #: When (monotonic) the attempt times out (its handler's ``timeout``; None: never); set
     #: once the worker stopped it, so the handler's next checkpoint raises too.
     deadline: float | None = None
-    timed_out: threading.Event = field(default_factory=threading.Event)
+    timed_out: Flag = field(default_factory=Flag)
     #: The worker ended this attempt at its timeout while its thread still ran the handler;
     #: the thread has come back from it (both under the worker's lock of the count).
     abandoned: bool = False

@@ -31,6 +31,7 @@ import queue
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -99,6 +100,14 @@ _checked = threading.local()
 #: server). Per job, the ping would cost a round trip each time; a broken connection is also
 #: dropped at once after any DatabaseError.
 CONNECTION_CHECK_INTERVAL = 1.0
+
+
+#: How long a thread that wants the GIL waits for a busy one to give it up (CPython's default
+#: is 5 ms), while batches are on. A slot running fast handlers from the buffer never blocks,
+#: so the main thread, woken to send the next batch while the slot runs the rest, waited for
+#: its turn until the slot had run the whole buffer: the database then worked while the slot
+#: waited for its claims, never beside it. bench/worker.py: 1 x 1 no-op jobs ~15% faster.
+GIL_SWITCH_INTERVAL = 0.0005
 
 
 def _check_connection(force: bool = False) -> None:
@@ -385,11 +394,16 @@ class Worker:
 
     def run(self) -> int:
         previous = self._install_signals()
+        switch = sys.getswitchinterval()
+        if self._batch is not None:
+            sys.setswitchinterval(min(switch, GIL_SWITCH_INTERVAL))
         try:
             return self._run()
         finally:
             # Whatever ends the run (a failed warm-up too): a worker run inside a site's own
-            # process, or a test's, leaves that process's signal handlers as it found them.
+            # process, or a test's, leaves that process's signal handlers (and its switch
+            # interval) as it found them.
+            sys.setswitchinterval(switch)
             self._restore_signals(previous)
 
     def _run(self) -> int:
@@ -455,7 +469,9 @@ class Worker:
             if self.options.max_jobs is not None and self.options.max_jobs <= self._slots.claimed:
                 break  # what was claimed runs to its end in _drain
             ended = batch.take_ended() if batch and batch.due(slot_idle=free > 0) else []
-            if ended or (free > 0 and room > 0):
+            # A free slot claims at once, unless jobs wait in the buffer: the slots run them
+            # (fast handlers leave slots free on purpose) and their half-run buffer refills it.
+            if ended or (free > 0 and room > 0 and not (batch and batch.buffered())):
                 with self._claiming:  # room again: a slot may have claimed meanwhile
                     room = self._room(self.options.concurrency - len(self._slots))
                     claimed, statuses = self._claim(max(room, 0), ended)
@@ -499,6 +515,8 @@ class Worker:
             return
         with self._filling:  # the main thread and a slot that wrote a batch both fill
             while len(self._slots) < self.options.concurrency and not self._stop.is_set():
+                if not self._batch.needs_slot(len(self._slots)):
+                    return
                 item = self._batch.next_buffered()
                 if item is None:
                     return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -92,7 +93,8 @@ def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> No
     assert batch.ahead(4) == 0  # nothing known: only the free slots are claimed
     fast = Ended(ctx=None, span=NOTHING, took=0.0001)  # type: ignore[arg-type]
     assert batch.ended(fast, take_next=True) is None
-    assert batch.ahead(1) == 32  # fast handlers: a full buffer (at most BATCH_SIZE)
+    assert batch.ahead(1) == 50  # fast handlers: what one slot runs in a window (50 jobs)
+    assert batch.ahead(4) == 64  # at most two batches: one run while the next is claimed
     slow = Batch(0.005, 32, threading.Event())
     slow.ended(Ended(ctx=None, span=NOTHING, took=2.0), take_next=True)  # type: ignore[arg-type]
     assert slow.ahead(4) == 0  # an LLM call: nothing waits behind it
@@ -103,6 +105,38 @@ def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> No
     batch.buffer(jobs)  # type: ignore[arg-type]
     assert [j.id for j in batch.stale(now=100.0 + BUFFER_PATIENCE)] == [1]
     assert batch.buffered() == 1
+
+
+def test_a_half_run_buffer_sends_the_batch_and_fast_jobs_keep_to_the_busy_slots() -> None:
+    wake = threading.Event()
+    batch = Batch(1.0, 32, wake)  # a window no run of this test outlasts
+    batch.buffer([(_job_stub(n), time.monotonic()) for n in range(20)])  # type: ignore[misc]
+    fast = Ended(ctx=None, span=NOTHING, took=0.0001)  # type: ignore[arg-type]
+    while batch.waiting() < batch.buffered():  # the slot runs the buffer: 20 in, 0 ended
+        assert batch.ended(fast, take_next=True) is not None
+        assert batch.due(slot_idle=False) is (batch.waiting() == 10)
+    # as many ended as are left (and at least 8): the batch goes now, its claims arriving
+    # while the slot runs the other half; the main thread was woken for it once
+    assert (batch.waiting(), batch.buffered()) == (10, 10)
+    assert batch.due(slot_idle=False)
+    wake.clear()
+    batch.ended(fast, take_next=True)
+    assert not wake.is_set()  # asked once per batch
+    assert len(batch.take_ended()) == 11 and not batch.due(slot_idle=False)
+    # one busy slot runs 9 fast jobs well within a window: no other slot is woken for them...
+    assert not batch.needs_slot(1)
+    assert batch.needs_slot(0)
+    # ...but a slow handler's jobs, or a first job that waited a window (its slot is stuck in
+    # a slow job), get one
+    slow = Batch(0.005, 32, threading.Event())
+    slow.ended(Ended(ctx=None, span=NOTHING, took=2.0), take_next=False)  # type: ignore[arg-type]
+    slow.buffer([(_job_stub(1), time.monotonic())])  # type: ignore[list-item]
+    assert slow.needs_slot(1)
+    stuck = Batch(0.005, 32, threading.Event())
+    stuck.ended(fast, take_next=False)
+    stuck.buffer([(_job_stub(1), time.monotonic() - 0.005)])  # type: ignore[list-item]
+    assert stuck.needs_slot(3)
+    assert stuck.deadline() is not None and stuck.deadline() <= time.monotonic()
 
 
 def _job_stub(job_id: int) -> object:
