@@ -21,7 +21,8 @@ wait behind a long one), at most two batches (``2 * BATCH_SIZE``): once the slot
 many buffered jobs as are left, the batch goes and its claims refill the buffer while the slots
 run the rest, so the database and the slots work side by side. Fast jobs stay on the slots
 already running (a thread woken for each costs every job a share of the GIL); a buffered job
-gets another free slot once it has waited a window, or when its handlers are slow. A buffered
+gets another free slot once no slot has taken from the buffer for a window (the busy ones are
+in slow jobs), or when the busy slots cannot run the buffer within a window. A buffered
 job that still waits after ``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is handed
 back, without spending an attempt, for any worker to take.
 """
@@ -73,6 +74,9 @@ class Batch:
         self._job_seconds: float | None = None
         #: The main thread was woken to refill the buffer since the last batch was taken.
         self._refill_asked = False
+        #: When (monotonic) a slot last took a buffered job, or jobs came into an empty buffer:
+        #: a buffer that made no progress for a window has its slots stuck in slow jobs.
+        self._progress = time.monotonic()
 
     # --- the slots' side -----------------------------------------------------------------
 
@@ -89,6 +93,8 @@ class Batch:
                 entry.took if seconds is None else seconds + _NEWEST * (entry.took - seconds)
             )
             following = self._buffer.popleft() if take_next and self._buffer else None
+            if following is not None:
+                self._progress = time.monotonic()
             full = len(self._ended) >= self.size
             refill = not self._refill_asked and self._refill_due()
             if refill:
@@ -96,7 +102,9 @@ class Batch:
         # The main thread: a window starts while this slot goes on, the batch is full, the
         # buffer is half run, or the worker stops. A slot with nothing buffered writes the
         # batch itself (or, when the main thread is claiming, frees its slot, which wakes it).
-        if full or refill or not take_next or (first and following is not None):
+        if (full or refill or not take_next or (first and following is not None)) and (
+            not self._wake.is_set()  # set already: the main thread looks again after clearing it
+        ):
             self._wake.set()
         return following
 
@@ -128,21 +136,21 @@ class Batch:
         with self._lock:
             ends = [] if self._oldest is None else [self._oldest + self.window]
             if self._buffer:
-                ends.append(self._buffer[0][1] + self.window)
+                ends.append(self._progress + self.window)
             return min(ends, default=None)
 
     def needs_slot(self, busy: int) -> bool:
         """Whether a buffered job should start on another free slot, with ``busy`` slots
         running: not while those run the buffer within a window by themselves (fast handlers:
-        each thread woken costs every job some of the GIL), but once the buffer's first job
-        has waited a window (a busy slot may be in a slow job), and always for slow handlers."""
+        each thread woken costs every job some of the GIL), but once no slot has taken from the
+        buffer for a window (the busy slots are in slow jobs), and always for slow handlers."""
         with self._lock:
             if not self._buffer:
                 return False
             seconds = self._job_seconds
             if busy == 0 or seconds is None:
                 return True
-            if time.monotonic() - self._buffer[0][1] >= self.window:
+            if time.monotonic() - self._progress >= self.window:
                 return True
             return busy * self.window < len(self._buffer) * seconds
 
@@ -176,11 +184,16 @@ class Batch:
 
     def buffer(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
         with self._lock:
+            if not self._buffer:
+                self._progress = time.monotonic()
             self._buffer.extend(jobs)
 
     def next_buffered(self) -> tuple[ClaimedJob, float] | None:
         with self._lock:
-            return self._buffer.popleft() if self._buffer else None
+            if not self._buffer:
+                return None
+            self._progress = time.monotonic()
+            return self._buffer.popleft()
 
     def buffered(self) -> int:
         with self._lock:

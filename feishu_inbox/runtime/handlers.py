@@ -270,7 +270,19 @@ async def _in_db_thread(fn: Callable[..., None], *args: Any) -> None:
     await asyncio.to_thread(in_db_thread, fn, *args)
 
 
+#: ``is_async``'s answers by the handler's id, each with the handler (an id is reused only
+#: once its object is gone: the entry's own object is compared). A worker asks once a job.
+_async_by_id: dict[int, tuple[Handler, bool]] = {}
+
+
 def is_async(fn: Handler) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+    known = _async_by_id.get(id(fn))
+    if known is not None and known[0] is fn:
+        return known[1]
+    answer = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     )
+    if len(_async_by_id) >= 1000:  # handlers are few; bound, not evicted one by one
+        _async_by_id.clear()
+    _async_by_id[id(fn)] = (fn, answer)
+    return answer

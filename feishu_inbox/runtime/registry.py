@@ -156,14 +156,27 @@ class JobKind:
 
 
 _kinds: dict[str, JobKind] = {}
+#: Each event type's kind, once looked up (a worker asks two or three times a job); emptied
+#: when a kind is registered, and when it grows past ``_KNOWN_TYPES`` (types are few).
+_kind_of_type: dict[str, JobKind | None] = {}
+_KNOWN_TYPES = 10_000
 
 
 def register_kind(kind: JobKind) -> None:
     _kinds[kind.prefix] = kind
+    _kind_of_type.clear()
 
 
 def kind_of(event_type: str) -> JobKind | None:
-    return next((k for p, k in _kinds.items() if event_type.startswith(p)), None)
+    try:
+        return _kind_of_type[event_type]
+    except KeyError:
+        pass
+    found = next((k for p, k in _kinds.items() if event_type.startswith(p)), None)
+    if len(_kind_of_type) >= _KNOWN_TYPES:
+        _kind_of_type.clear()
+    _kind_of_type[event_type] = found
+    return found
 
 
 def handler_for(event_type: str, registered: dict[str, Handler]) -> Handler | None:

@@ -126,15 +126,17 @@ def test_a_half_run_buffer_sends_the_batch_and_fast_jobs_keep_to_the_busy_slots(
     # one busy slot runs 9 fast jobs well within a window: no other slot is woken for them...
     assert not batch.needs_slot(1)
     assert batch.needs_slot(0)
-    # ...but a slow handler's jobs, or a first job that waited a window (its slot is stuck in
-    # a slow job), get one
+    # ...but a slow handler's jobs, or a buffer no slot took from for a window (the busy
+    # slots are stuck in slow jobs), get one
     slow = Batch(0.005, 32, threading.Event())
     slow.ended(Ended(ctx=None, span=NOTHING, took=2.0), take_next=False)  # type: ignore[arg-type]
     slow.buffer([(_job_stub(1), time.monotonic())])  # type: ignore[list-item]
     assert slow.needs_slot(1)
-    stuck = Batch(0.005, 32, threading.Event())
+    stuck = Batch(1.0, 32, threading.Event())
     stuck.ended(fast, take_next=False)
-    stuck.buffer([(_job_stub(1), time.monotonic() - 0.005)])  # type: ignore[list-item]
+    stuck.buffer([(_job_stub(1), time.monotonic())])  # type: ignore[list-item]
+    assert not stuck.needs_slot(3)
+    stuck._progress -= 1.0  # a window passed with no slot taking a job (no test waits 1 s)
     assert stuck.needs_slot(3)
     assert stuck.deadline() is not None and stuck.deadline() <= time.monotonic()
 
