@@ -375,9 +375,11 @@ class Worker:
         self._db_away_since: float | None = None
         #: A burst run gave up on an unreachable database (``run`` returns 1).
         self.gave_up = False
-        #: The token of a claim whose reply was lost: its jobs may be ours (``claimed_with``).
-        self._claim_token: str | None = None
-        #: Held by whoever claims (the main thread, or a slot writing its batch itself).
+        #: The tokens of claims whose reply was lost: their jobs may be ours (``claimed_with``).
+        self._lost_tokens: list[str] = []
+        #: The room taken by the claims in flight (the main thread's, a slot's batch).
+        self._reserved = 0
+        #: Held while a claim reads and reserves its room, and when it ends (``_claim``).
         self._claiming = threading.Lock()
         #: Held while buffered jobs are started on the free slots.
         self._filling = threading.Lock()
@@ -472,9 +474,8 @@ class Worker:
             # A free slot claims at once, unless jobs wait in the buffer: the slots run them
             # (fast handlers leave slots free on purpose) and their half-run buffer refills it.
             if ended or (free > 0 and room > 0 and not (batch and batch.buffered())):
-                with self._claiming:  # room again: a slot may have claimed meanwhile
-                    room = self._room(self.options.concurrency - len(self._slots))
-                    claimed, statuses = self._claim(max(room, 0), ended)
+                # (its room is read again: a slot may have claimed meanwhile)
+                claimed, statuses = self._claim(self.options.concurrency - len(self._slots), ended)
                 self._place(claimed)
                 self._settle_all(ended, statuses)
                 if claimed or (ended and not self._db_backoff):
@@ -486,13 +487,15 @@ class Worker:
                     and not (batch and (batch.waiting() or batch.buffered()))
                 ):
                     break  # nothing is due and nothing of ours runs
-            self._sleep(free > 0, until=batch.deadline() if batch else None)
+            # (jobs in the buffer: no claim follows the wake-up, so no look at the next due job)
+            can_claim = free > 0 and not (batch and batch.buffered())
+            self._sleep(can_claim, until=batch.deadline() if batch else None)
             self._wake.clear()
 
     def _room(self, free: int) -> int:
         """How many jobs a claim may take: the free slots, and with batches the buffer's free
         places; never past --max-jobs."""
-        room = free
+        room = free - self._reserved
         if self._batch is not None:
             room += self._batch.ahead(self.options.concurrency) - self._batch.buffered()
         if self.options.max_jobs is not None:
@@ -523,11 +526,19 @@ class Worker:
                 self._start(*item, started=time.monotonic())
 
     def _claim(
-        self, limit: int, ended: Sequence[Ended] = ()
+        self, free: int | None, ended: Sequence[Ended] = ()
     ) -> tuple[list[tuple[ledger.ClaimedJob, float]], list[str | None]]:
-        """Claim up to ``limit`` jobs, each with when its lease was asked for (monotonic);
-        with ``ended``, a batch: their finishes first, in the same statement and commit, and
-        each one's status (empty when the batch failed). The caller holds ``_claiming``.
+        """Claim what ``free`` slots and the buffer have room for (``_room``; None: nothing),
+        each job with when its lease was asked for (monotonic); with ``ended``, a batch: their
+        finishes first, in the same statement and commit, and each one's status (empty when
+        the batch failed).
+
+        Two claims may be in flight at once, each on its own thread's connection (the main
+        thread's batch, and a slot's that ran out of buffered jobs meanwhile): the database
+        works on both, and each one's commit waits for its own WAL flush beside the other's.
+        Only the bookkeeping is under ``_claiming``: the room is reserved there (counted as
+        claimed, for ``--max-jobs``, until the claim returns), so two claims never take more
+        than the room between them.
 
         While the database is away, a claim fails and the next one comes after a short backoff
         (never a long sleep: claims resume within a second of its return); a batch's finishes
@@ -535,26 +546,33 @@ class Worker:
         claim first looks for them by its token.
         """
         sent = time.monotonic()
+        with self._claiming:
+            limit = 0 if free is None else max(self._room(free), 0)
+            lost, self._lost_tokens = self._lost_tokens, []
+            self._reserved += limit
+            self._slots.count(limit)
         recovered: list[ledger.ClaimedJob] = []
         statuses: list[str | None] = []
+        jobs: list[ledger.ClaimedJob] = []
+        token = ""
         try:
             _check_connection()
-            if self._claim_token is not None:
-                recovered = ledger.claimed_with(self.worker_id, self._claim_token)
-                self._claim_token = None
-                if recovered:
-                    log.warning("recovered %s jobs of a claim whose reply was lost", len(recovered))
-                    self._slots.count(len(recovered))
-                    if not ended:
-                        return [(job, sent) for job in recovered], []
-                    limit -= len(recovered)
-            self._claim_token = ledger.new_token()
+            while lost:
+                found = ledger.claimed_with(self.worker_id, lost[0])
+                lost.pop(0)
+                if found:
+                    log.warning("recovered %s jobs of a claim whose reply was lost", len(found))
+                    self._slots.count(len(found))
+                    recovered += found
+            if recovered and not ended:
+                return [(job, sent) for job in recovered], []
+            token = ledger.new_token()
             if ended:
                 statuses, jobs = ledger.finish_batch(
                     self.worker_id,
                     [(entry.ctx.lease, "") for entry in ended],
-                    limit=max(limit, 0),
-                    token=self._claim_token,
+                    limit=max(limit - len(recovered), 0),
+                    token=token,
                     lease_seconds=self.lease_seconds,
                     keys=self.keys,
                 )
@@ -563,19 +581,23 @@ class Worker:
                     self.worker_id,
                     lease_seconds=self.lease_seconds,
                     limit=limit,
-                    token=self._claim_token,
+                    token=token,
                     keys=self.keys,
                 )
-            self._claim_token = None
+            token = ""
         except DatabaseError as exc:
             telemetry.CLAIMS.labels("error").inc()
             self._database_away("finish and claim" if ended else "claim", exc, since=sent)
             if self._batch is not None:
                 self._batch.put_back(list(ended))
             return [(job, sent) for job in recovered], []
+        finally:
+            with self._claiming:  # the reservation ends; a reply that never came is kept
+                self._reserved -= limit
+                self._slots.count(len(jobs) - limit)
+                self._lost_tokens += lost + ([token] if token else [])
         self._db_backoff = 0.0
         self._db_away_since = None
-        self._slots.count(len(jobs))
         telemetry.CLAIMS.labels("jobs" if jobs else "empty").inc()
         return [(job, sent) for job in recovered + jobs], statuses
 
@@ -731,21 +753,20 @@ class Worker:
                 ended: list[Ended] = []
                 statuses: list[str | None] = []
                 alone = len(self._slots) == 1  # no other slot runs: none will add to it
-                if item is None and running and alone and self._claiming.acquire(blocking=False):
+                if item is None and running and alone:
                     # Nothing buffered, no other slot running: this one writes the batch
-                    # itself, and runs the job its claim brings (a busy chat's next one: one
-                    # commit a job, no hand-over between threads).
+                    # itself (beside the main thread's, if one is in flight), and runs the job
+                    # its claim brings (a busy chat's next one: one commit a job, no hand-over
+                    # between threads).
                     claimed: list[tuple[ledger.ClaimedJob, float]] = []
                     try:
                         ended = batch.take_ended()
                         free = self.options.concurrency - len(self._slots) + 1  # this one
-                        claimed, statuses = self._claim(max(self._room(free), 0), ended)
+                        claimed, statuses = self._claim(free, ended)
                     except Exception:  # not the database's (those _claim handles): a bug
                         log.exception("writing a batch failed; its finishes wait again")
                         batch.put_back(ended)
                         ended = []
-                    finally:
-                        self._claiming.release()
                     if claimed and self._stop.is_set():  # stopped meanwhile: nothing starts
                         for job, _ in claimed:
                             self._hand_back_buffered(job, "The worker shut down.")
@@ -1315,9 +1336,8 @@ class Worker:
             return
         delay = writes.RETRY_FIRST_DELAY
         while batch.waiting():
-            with self._claiming:
-                ended = batch.take_ended()
-                found, statuses = self._claim(0, ended)
+            ended = batch.take_ended()
+            found, statuses = self._claim(None, ended)
             self._settle_all(ended, statuses)
             for job, _ in found:
                 self._hand_back_buffered(job, "The worker shut down.")

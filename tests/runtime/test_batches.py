@@ -289,3 +289,42 @@ def test_max_jobs_runs_exactly_that_many_with_the_buffer(workers: Workers) -> No
     connection.close()
     assert EventJob.objects.filter(status="completed").count() == 150
     assert not EventJob.objects.filter(status="running").exists()
+
+
+def test_claims_whose_replies_were_lost_are_found_again_by_their_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two claims in a row commit and lose their replies (the connection drops after the
+    statement): the worker keeps both tokens, and its next claim finds their jobs and runs
+    them. Every job runs once, on its first attempt, and nothing stays running."""
+    from django.core.management import call_command
+    from django.db import OperationalError
+
+    from feishu_inbox.runtime import worker as worker_module
+    from tests.support import worker_tasks
+
+    results = [worker_tasks.noop.enqueue() for _ in range(30)]
+    real_claim, real_batch = ledger.claim, ledger.finish_batch
+    lost: list[str] = []
+
+    def claim(*args: object, **kwargs: object) -> list[ledger.ClaimedJob]:
+        jobs = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        if jobs and len(lost) < 2:
+            lost.append(str(kwargs["token"]))
+            raise OperationalError("server closed the connection unexpectedly")
+        return jobs
+
+    def finish_batch(*args: object, **kwargs: object) -> object:
+        statuses, jobs = real_batch(*args, **kwargs)  # type: ignore[arg-type]
+        if jobs and len(lost) < 2:
+            lost.append(str(kwargs["token"]))
+            raise OperationalError("server closed the connection unexpectedly")
+        return statuses, jobs
+
+    monkeypatch.setattr(worker_module.ledger, "claim", claim)
+    monkeypatch.setattr(worker_module.ledger, "finish_batch", finish_batch)
+    monkeypatch.setattr(worker_module, "CLAIM_RETRY_FIRST_DELAY", 0.01)
+    call_command("runworker", "--burst", "--concurrency", "2", "-v", "0")
+    assert len(lost) == 2 and len(set(lost)) == 2
+    assert EventJob.objects.filter(status="completed").count() == len(results)
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
