@@ -42,7 +42,7 @@ from functools import partial
 from types import FrameType
 from typing import Any, Protocol
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
 from .. import telemetry, tracing
 from ..conf import checked_settings
@@ -381,6 +381,11 @@ class Worker:
         self._reserved = 0
         #: Held while a claim reads and reserves its room, and when it ends (``_claim``).
         self._claiming = threading.Lock()
+        #: A place for each claim in flight: two on PostgreSQL, one on SQLite (one writer at a
+        #: time: a second transaction would only wait in its busy handler's sleeps).
+        self._writers = threading.BoundedSemaphore(
+            2 if connections[DEFAULT_DB_ALIAS].vendor == "postgresql" else 1
+        )
         #: Held while buffered jobs are started on the free slots.
         self._filling = threading.Lock()
 
@@ -474,8 +479,9 @@ class Worker:
             # A free slot claims at once, unless jobs wait in the buffer: the slots run them
             # (fast handlers leave slots free on purpose) and their half-run buffer refills it.
             if ended or (free > 0 and room > 0 and not (batch and batch.buffered())):
-                # (its room is read again: a slot may have claimed meanwhile)
-                claimed, statuses = self._claim(self.options.concurrency - len(self._slots), ended)
+                with self._writers:  # (its room is read again: a slot may have claimed meanwhile)
+                    free = self.options.concurrency - len(self._slots)
+                    claimed, statuses = self._claim(free, ended)
                 self._place(claimed)
                 self._settle_all(ended, statuses)
                 if claimed or (ended and not self._db_backoff):
@@ -753,7 +759,7 @@ class Worker:
                 ended: list[Ended] = []
                 statuses: list[str | None] = []
                 alone = len(self._slots) == 1  # no other slot runs: none will add to it
-                if item is None and running and alone:
+                if item is None and running and alone and self._writers.acquire(blocking=False):
                     # Nothing buffered, no other slot running: this one writes the batch
                     # itself (beside the main thread's, if one is in flight), and runs the job
                     # its claim brings (a busy chat's next one: one commit a job, no hand-over
@@ -767,6 +773,8 @@ class Worker:
                         log.exception("writing a batch failed; its finishes wait again")
                         batch.put_back(ended)
                         ended = []
+                    finally:
+                        self._writers.release()
                     if claimed and self._stop.is_set():  # stopped meanwhile: nothing starts
                         for job, _ in claimed:
                             self._hand_back_buffered(job, "The worker shut down.")
@@ -1336,8 +1344,9 @@ class Worker:
             return
         delay = writes.RETRY_FIRST_DELAY
         while batch.waiting():
-            ended = batch.take_ended()
-            found, statuses = self._claim(None, ended)
+            with self._writers:
+                ended = batch.take_ended()
+                found, statuses = self._claim(None, ended)
             self._settle_all(ended, statuses)
             for job, _ in found:
                 self._hand_back_buffered(job, "The worker shut down.")
