@@ -42,7 +42,7 @@ from functools import partial
 from types import FrameType
 from typing import Any, Protocol
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from .. import telemetry, tracing
 from ..conf import checked_settings
@@ -381,11 +381,9 @@ class Worker:
         self._reserved = 0
         #: Held while a claim reads and reserves its room, and when it ends (``_claim``).
         self._claiming = threading.Lock()
-        #: A place for each claim in flight: two on PostgreSQL, one on SQLite (one writer at a
-        #: time: a second transaction would only wait in its busy handler's sleeps).
-        self._writers = threading.BoundedSemaphore(
-            2 if connections[DEFAULT_DB_ALIAS].vendor == "postgresql" else 1
-        )
+        #: A place for each claim in flight: as many as the database runs side by side (two on
+        #: PostgreSQL, one on SQLite).
+        self._writers = threading.BoundedSemaphore(store().concurrent_writers)
         #: Held while buffered jobs are started on the free slots.
         self._filling = threading.Lock()
 

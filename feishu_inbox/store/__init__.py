@@ -28,6 +28,10 @@ from .base import EVERY_KEY, Fence, KeyFilter, Row, SqlStore, Transition
 class Store(Protocol):
     """The operations a database offers the ledger; each is one transaction."""
 
+    #: How many of one worker's write transactions may usefully run at once (PostgreSQL: two
+    #: claims in flight, each waiting for its own WAL flush; SQLite has one writer).
+    concurrent_writers: int
+
     def prepare_connection(self, connection: BaseDatabaseWrapper) -> None: ...
     def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]: ...
     def notify(self, partition_key: str) -> None: ...

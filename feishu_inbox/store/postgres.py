@@ -163,6 +163,7 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, encoding: str) -> psy
 
 class PostgresStore(SqlStore):
     query_file = "postgres.sql"
+    concurrent_writers = 2
     list_parameters = {
         "job_ids": "(SELECT unnest(%(job_ids)s::bigint[]))",
         "keys": "(SELECT unnest(%(keys)s::text[]))",

@@ -53,6 +53,8 @@ def _adapt(value: Any) -> Any:
 
 class SqliteStore(SqlStore):
     query_file = "sqlite.sql"
+    # One writer at a time: a second transaction would only wait in its busy handler's sleeps.
+    concurrent_writers = 1
     # SQLite binds no arrays: a list parameter is sent as a JSON array (see ``adapt``).
     list_parameters = {
         "job_ids": "(SELECT value FROM json_each(%(job_ids)s))",
