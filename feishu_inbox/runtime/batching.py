@@ -101,7 +101,7 @@ class Batch:
                 self._refill_asked = True
         # The main thread: a window starts while this slot goes on, the batch is full, the
         # buffer is half run, or the worker stops. A slot with nothing buffered writes the
-        # batch itself (or, when the main thread is claiming, frees its slot, which wakes it).
+        # batch itself (or, when no writer's place is free, frees its slot, which wakes it).
         if (full or refill or not take_next or (first and following is not None)) and (
             not self._wake.is_set()  # set already: the main thread looks again after clearing it
         ):
@@ -131,8 +131,8 @@ class Batch:
             )
 
     def deadline(self) -> float | None:
-        """When (monotonic) the oldest waiting finish's window ends, or the buffer's first
-        job's (a slot may be needed for it); None: nothing waits."""
+        """When (monotonic) the oldest waiting finish's window ends, or the window since a slot
+        last took from the buffer (another slot may be needed then); None: nothing waits."""
         with self._lock:
             ends = [] if self._oldest is None else [self._oldest + self.window]
             if self._buffer:

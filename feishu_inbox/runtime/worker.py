@@ -106,7 +106,8 @@ CONNECTION_CHECK_INTERVAL = 1.0
 #: is 5 ms), while batches are on. A slot running fast handlers from the buffer never blocks,
 #: so the main thread, woken to send the next batch while the slot runs the rest, waited for
 #: its turn until the slot had run the whole buffer: the database then worked while the slot
-#: waited for its claims, never beside it. bench/worker.py: 1 x 1 no-op jobs ~15% faster.
+#: waited for its claims, never beside it. At 0.5 ms, 5,000 no-op jobs at 1 x 1 ran at
+#: 4,022-4,277 jobs/s against 3,164-3,977 at 5 ms, in the same minutes.
 GIL_SWITCH_INTERVAL = 0.0005
 
 
