@@ -15,6 +15,16 @@ from tests.support.worker_helpers import Workers
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Django's advice for test settings: hash the tests' passwords with a fast hasher. The
+    # default's 1,000,000 PBKDF2 rounds cost ~0.3 s of CPU per user made, and the admin tests
+    # and fuzzers make hundreds (each fuzz example makes its operator again in its rolled-back
+    # transaction). Every hasher of the defaults still verifies what a subprocess made.
+    from django.conf import global_settings, settings
+
+    settings.PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        *global_settings.PASSWORD_HASHERS,
+    ]
     # Under CI the suite runs once per database; a PostgreSQL run that cannot reach its server
     # must fail loudly, never pass by skipping.
     url = os.environ.get("DATABASE_URL", "")
@@ -25,6 +35,37 @@ def pytest_configure(config: pytest.Config) -> None:
             psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", connect_timeout=5).close()
         except psycopg.OperationalError as exc:
             raise pytest.UsageError(f"CI=true and PostgreSQL is unreachable: {exc}") from exc
+
+
+#: What gives a test the test database: a test that asks for one of these, or is marked
+#: ``django_db``, is no ``any_database`` test.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An ``any_database`` test runs in the SQLite suite only: one that uses the test database
+    would drop its PostgreSQL run unseen, so such a mark is refused before anything runs."""
+    wrong = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("any_database")
+        and (
+            item.get_closest_marker("django_db")
+            or DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "marked any_database but uses the test database (remove the mark): " + ", ".join(wrong)
+        )
 
 
 def is_postgres() -> bool:
