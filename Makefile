@@ -17,7 +17,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo docs test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
+.PHONY: demo docs bytecode test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
 
 # The virtual environment, with the demo's extra only (`make demo`: a fraction of the
 # development tools' size), or with everything the tests and the linters need (`.installed`).
@@ -62,16 +62,24 @@ lint: $(VENV)/.installed
 # its tests mostly wait on worker subprocesses, servers and the browser.
 TEST_PROCESSES ?= 2
 
-test-sqlite: $(VENV)/.installed
+# The suites start a few hundred Python subprocesses (workers, servers, commands): each would
+# compile the project's modules again where PYTHONDONTWRITEBYTECODE is set (a seventh of a
+# worker's start-up). Compile them once, before the suites.
+bytecode: $(VENV)/.installed
+	@$(PY) -m compileall -q -j 0 feishu_inbox project tests
+
+test-sqlite: $(VENV)/.installed bytecode
 	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
 # The suite creates and drops its own test databases. The tests that stop the whole cluster (a
-# restart under load) run after the others, alone: they would fail the other processes' tests.
-# Exit 5 is "no test selected" (a PYTEST_ARGS selection without any of them).
-test-postgres: $(VENV)/.installed
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres" $(PYTEST_ARGS)
+# restart under load) run alone, first: they would fail the other PostgreSQL processes' tests,
+# and while they wait on the restart the lint and the SQLite suite (which use no PostgreSQL)
+# keep the cores busy. The tests marked any_database use no test database (the SQLite suite
+# runs them). Exit 5 is "no test selected" (a PYTEST_ARGS selection without any of them).
+test-postgres: $(VENV)/.installed bytecode
 	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database" $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
 chromium:

@@ -15,6 +15,9 @@ import pytest
 from tests.support.fake_feishu_ws import FakeLongConnection, card_action, event
 from tests.support.processes import ROOT, wait_for
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 FAST = {"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 1}
 
 

@@ -11,6 +11,9 @@ from lark_oapi.ws.pb.pbbp2_pb2 import Frame as SdkFrame
 from feishu_inbox.feishu import frames
 from feishu_inbox.feishu.frames import Frame, FrameError
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 u64 = st.integers(0, 2**64 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)
 text = st.text(max_size=20)

@@ -35,6 +35,9 @@ from tests.support.fake_feishu import (
     Fault,
 )
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 
 def app_id(app: str) -> str:
     return str(settings.FEISHU_INBOX["APPS"][app]["APP_ID"])

@@ -22,6 +22,9 @@ from tests.support.browser import chromium_context
 from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
 from tests.support.processes import ROOT, free_port, gunicorn, port_open, subprocess_env, wait_for
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 
 @dataclass(frozen=True)
 class Demo:

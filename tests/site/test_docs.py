@@ -24,6 +24,9 @@ from django.core.management import get_commands, load_command_class
 import feishu_inbox
 from tests.support.processes import ROOT
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 BLOCK = re.compile(r"^( *)```(\w+)\n(.*?)\n\1```", re.MULTILINE | re.DOTALL)
 #: A line of a shell block, or of inline code, that runs manage.py.

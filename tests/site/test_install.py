@@ -31,6 +31,9 @@ import pytest
 from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
 from tests.support.processes import ROOT, free_port, port_open, stop, wait_for
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 STEPS = (
     "pip",
     "settings",

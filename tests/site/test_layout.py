@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
+pytestmark = pytest.mark.any_database
+
 PACKAGE = Path(__file__).resolve().parents[2] / "feishu_inbox"
 
 #: Each folder's layer: a module may import its own folder and lower layers only.
