@@ -107,6 +107,25 @@ def test_requeue_refusal_names_each_job_exits_non_zero_and_moves_nothing() -> No
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "given", ["9223372036854775808", "9" * 30, "0" * 30 + "9" * 5000, "0", "-1", "1e3", "١٢"]
+)
+def test_an_id_no_job_can_have_is_refused_with_what_an_id_is(given: str) -> None:
+    """Past a signed 64-bit id, SQLite's driver raised OverflowError (a traceback), and
+    Python refuses int() of thousands of digits: the fuzzer found the first."""
+    job = EventJobFactory(partition_key="a")
+    before = snapshot(job.pk)
+    for action in ("requeue", "discard", "cancel", "replay"):
+        with pytest.raises(CommandError, match=f"{given[:10]}.* is not a job id: a whole number"):
+            inbox(action, str(job.pk), given)
+    with pytest.raises(CommandError, match="There is no job"):
+        inbox("show", given)
+    assert snapshot(job.pk) == before
+    with pytest.raises(CommandError, match="1 of 1 jobs refused"):  # the largest id: no job
+        inbox("requeue", "09223372036854775807")
+
+
+@pytest.mark.django_db
 def test_reconcile_discard_and_purge() -> None:
     unknown = EventJobFactory(partition_key="u")
     lease = ledger.claim("w")[0].lease

@@ -72,6 +72,30 @@ def since(value: str) -> datetime:
     return parsed if parsed.tzinfo else timezone.make_aware(parsed)
 
 
+#: The largest id a job can have (a signed 64-bit column): a larger number names no job, and
+#: a database would refuse it with a driver's error (SQLite: OverflowError) rather than find none.
+LARGEST_JOB_ID = 2**63 - 1
+
+
+def _names_a_job(value: str) -> bool:
+    """Digits only (ASCII), few enough for an id: ``int()`` of thousands of digits is refused by
+    Python itself, and of 20 or more could never name a job."""
+    if not (value.isascii() and value.isdigit()):
+        return False
+    digits = value.lstrip("0")
+    return len(digits) <= len(str(LARGEST_JOB_ID)) and int(digits or "0") <= LARGEST_JOB_ID
+
+
+def job_id(value: str) -> int:
+    """An ``ID`` argument: a whole number that can be a job's id."""
+    if _names_a_job(value) and int(value) > 0:
+        return int(value)
+    raise ArgumentTypeError(
+        f"{value!r} is not a job id: a whole number from 1 to {LARGEST_JOB_ID} "
+        "(`manage.py inbox list` shows them)"
+    )
+
+
 class Command(BaseCommand):
     help = "Inspect and operate the Feishu event ledger."
 
@@ -92,7 +116,7 @@ class Command(BaseCommand):
         for name, (help_text, _, _) in OPERATOR_ACTIONS.items():
             action = sub.add_parser(name, help=help_text)
             action.add_argument(
-                "ids", type=int, nargs="*" if name == "replay" else "+", metavar="ID"
+                "ids", type=job_id, nargs="*" if name == "replay" else "+", metavar="ID"
             )
             action.add_argument(
                 "--user",
@@ -229,11 +253,10 @@ class Command(BaseCommand):
 
     def do_show(self, options: dict[str, Any]) -> None:
         key = str(options["id"])
-        job = (
-            EventJob.objects.filter(pk=int(key)).first()
-            if key.isdigit()
-            else EventJob.objects.filter(app=TASKS_APP, dedupe_key=key).first()
-        )
+        if key.isascii() and key.isdigit():  # a job id, or a number that names no job
+            job = EventJob.objects.filter(pk=int(key)).first() if _names_a_job(key) else None
+        else:
+            job = EventJob.objects.filter(app=TASKS_APP, dedupe_key=key).first()
         if job is None:
             raise JobNotFound(f"There is no job {options['id']}.")
         data = job_as_dict(job, payload=True)
