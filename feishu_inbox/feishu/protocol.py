@@ -15,9 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
 from ..errors import InboxError
 from ..ledger.payloads import MAX_JSON_DEPTH, nests_deeper_than
 
@@ -45,6 +42,11 @@ def decrypt(encrypt_key: str, encrypted: str) -> bytes:
         raise ProtocolError("undecryptable", "The encrypt field is not base64.") from exc
     if len(raw) < 32 or len(raw) % 16:
         raise ProtocolError("undecryptable", "The encrypted body has an impossible length.")
+    # Imported here: a worker or a command never decrypts, and cryptography's import is a
+    # twelfth of a worker's start-up (the webhook and the long connection pay it once).
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     key = hashlib.sha256(encrypt_key.encode()).digest()
     decryptor = Cipher(algorithms.AES(key), modes.CBC(raw[:16])).decryptor()
     padded = decryptor.update(raw[16:]) + decryptor.finalize()
