@@ -14,6 +14,7 @@ either way). SIGTERM keeps gunicorn's graceful shutdown.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 #: A worker process silent for ``timeout`` seconds (stuck: the webhook answers in milliseconds)
@@ -26,9 +27,26 @@ graceful_timeout = 10
 keepalive = 5
 
 
-def worker_int(worker: Any) -> None:
-    """gunicorn calls this on the worker's SIGINT or SIGQUIT, in its signal handler, before it
-    exits. It writes its line straight to the file descriptor and ends the process: inside a
-    signal handler, a logging call could wait on a lock that a request thread holds."""
+def _exit_at_once(signum: int = 0, frame: Any = None) -> None:
+    """Write the line straight to the file descriptor and end the process, taking no lock: a
+    signal handler runs on the main thread between two of its instructions, so a lock that
+    thread (or a request thread) holds would never be released."""
     os.write(2, f"[{os.getpid()}] Worker exiting at once on Ctrl-C\n".encode())
     os._exit(0)
+
+
+def post_worker_init(worker: Any) -> None:
+    """Once the worker has booted, SIGINT (Ctrl-C) and SIGQUIT (the master's quick shutdown)
+    end it at once. gthread's own handler first shuts its thread pool down, under the pool's
+    lock (not reentrant), before it calls ``worker_int``. Ctrl-C that came while the main
+    thread was handing an accepted connection to the pool (inside that lock), or the master's
+    SIGQUIT inside the SIGINT handler, deadlocked the worker until the master's SIGKILL after
+    ``graceful_timeout``. Seen once in the suite: 10.5 s to stop."""
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, _exit_at_once)
+
+
+def worker_int(worker: Any) -> None:
+    """gunicorn calls this on SIGINT or SIGQUIT that came while the worker was still booting
+    (its own handler then), before it exits."""
+    _exit_at_once()
