@@ -166,6 +166,7 @@ def finishes_held(partitions: list[str]) -> Iterator[Callable[[], None]]:
 
     def waiting(query: str) -> list[int]:
         with other.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh read: the transaction
             cursor.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' AND query LIKE %s",
@@ -173,12 +174,28 @@ def finishes_held(partitions: list[str]) -> Iterator[Callable[[], None]]:
             )
             return [pid for (pid,) in cursor.fetchall()]
 
-    def cut_off() -> None:
-        batches = waiting("feishu_inbox_finish_batch")
-        assert batches, "no batch was waiting on the held partitions"
+    def sessions() -> set[int]:
+        """The database's sessions but this test's own two."""
+        ours = {connection.connection.info.backend_pid} if connection.connection else set()
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [batches])
-        wait_for(lambda: not waiting("feishu_inbox_finish_batch"), 10, "the session to end")
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # would keep its first one
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            return {pid for (pid,) in cursor.fetchall()} - ours
+
+    def cut_off() -> None:
+        assert waiting("feishu_inbox_finish_batch"), "no batch was waiting on the held partitions"
+        # Every session of the killed worker, not only the batch seen waiting: with two claims
+        # in flight, a second batch sent just before the kill may not have reached the lock
+        # yet, and would commit once the lock goes (seen once).
+        dead = sessions()
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [list(dead)]
+            )
+        wait_for(lambda: not dead & sessions(), 10, "the killed worker's sessions to end")
 
     try:
         other.set_autocommit(False)
