@@ -346,6 +346,23 @@ class Maintenance(models.Model):
         return f"{self.name} (next at {self.due_at:%Y-%m-%d %H:%M:%S})"
 
 
+#: The largest id a job can have (a signed 64-bit column): a database refuses a larger number
+#: with its driver's error (SQLite: OverflowError) rather than find no job.
+LARGEST_JOB_ID = 2**63 - 1
+
+
+def job_id_from_text(text: str) -> int | None:
+    """The job id an operator's text names (ASCII digits, 1 to ``LARGEST_JOB_ID``), or None.
+    Never ``int()`` of thousands of digits, which Python itself refuses."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0")
+    if not digits or len(digits) > len(str(LARGEST_JOB_ID)):
+        return None
+    number = int(digits)
+    return number if number <= LARGEST_JOB_ID else None
+
+
 def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
     """A JSON-ready view of a job (CLI ``--json``, dashboard)."""
     data: dict[str, object] = {

@@ -28,7 +28,7 @@ from django.utils.timesince import timesince
 from ..conf import inbox_settings
 from ..ledger.idempotency import effect_key
 from ..ledger.payloads import text_without_secrets, without_secrets
-from ..models import Attempt, CardStream, EventJob, Partition, Status, Step
+from ..models import Attempt, CardStream, EventJob, Partition, Status, Step, job_id_from_text
 from ..runtime import registry
 from .actions import ACTIONS, as_admin_action, page_context
 from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
@@ -378,7 +378,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
         # The list's checkboxes post job ids; anything else (a forged or mangled post) would
         # reach the database as a lookup no id column takes: refused here, nothing moves.
         selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
-        if not all(s.isascii() and s.isdigit() and 0 < int(s) < 2**63 for s in selected):
+        if not all(job_id_from_text(s) is not None for s in selected):
             self.message_user(request, "Select jobs by their ids; nothing was done.", "error")
             return HttpResponseRedirect(request.get_full_path())
         return super().response_action(request, queryset, *args, **kwargs)

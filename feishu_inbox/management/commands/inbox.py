@@ -23,7 +23,13 @@ from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
 from feishu_inbox.ledger.stats import stats as read_stats
-from feishu_inbox.models import EventJob, Status, job_as_dict
+from feishu_inbox.models import (
+    LARGEST_JOB_ID,
+    EventJob,
+    Status,
+    job_as_dict,
+    job_id_from_text,
+)
 from feishu_inbox.tasks.jobs import APP as TASKS_APP
 
 log = logging.getLogger("feishu_inbox.operator")
@@ -72,28 +78,15 @@ def since(value: str) -> datetime:
     return parsed if parsed.tzinfo else timezone.make_aware(parsed)
 
 
-#: The largest id a job can have (a signed 64-bit column): a larger number names no job, and
-#: a database would refuse it with a driver's error (SQLite: OverflowError) rather than find none.
-LARGEST_JOB_ID = 2**63 - 1
-
-
-def _names_a_job(value: str) -> bool:
-    """Digits only (ASCII), few enough for an id: ``int()`` of thousands of digits is refused by
-    Python itself, and of 20 or more could never name a job."""
-    if not (value.isascii() and value.isdigit()):
-        return False
-    digits = value.lstrip("0")
-    return len(digits) <= len(str(LARGEST_JOB_ID)) and int(digits or "0") <= LARGEST_JOB_ID
-
-
 def job_id(value: str) -> int:
     """An ``ID`` argument: a whole number that can be a job's id."""
-    if _names_a_job(value) and int(value) > 0:
-        return int(value)
-    raise ArgumentTypeError(
-        f"{value!r} is not a job id: a whole number from 1 to {LARGEST_JOB_ID} "
-        "(`manage.py inbox list` shows them)"
-    )
+    number = job_id_from_text(value)
+    if number is None:
+        raise ArgumentTypeError(
+            f"{value!r} is not a job id: a whole number from 1 to {LARGEST_JOB_ID} "
+            "(`manage.py inbox list` shows them)"
+        )
+    return number
 
 
 class Command(BaseCommand):
@@ -254,7 +247,8 @@ class Command(BaseCommand):
     def do_show(self, options: dict[str, Any]) -> None:
         key = str(options["id"])
         if key.isascii() and key.isdigit():  # a job id, or a number that names no job
-            job = EventJob.objects.filter(pk=int(key)).first() if _names_a_job(key) else None
+            number = job_id_from_text(key)
+            job = None if number is None else EventJob.objects.filter(pk=number).first()
         else:
             job = EventJob.objects.filter(app=TASKS_APP, dedupe_key=key).first()
         if job is None:
