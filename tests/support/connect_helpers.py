@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support import preforked
 from tests.support.fake_feishu_ws import FakeLongConnection
-from tests.support.processes import ROOT, Subprocesses, subprocess_env, wait_for
+from tests.support.processes import Subprocesses, subprocess_env, wait_for
 
 #: Short intervals so that a lost or silent connection is noticed within a few seconds.
 TEST_SETTINGS = {
@@ -42,26 +42,19 @@ class Connectors(Subprocesses):
         *args: str,
         settings: dict[str, Any] | None = None,
         **env: str,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[bytes] | preforked.Forked:
         n = len(self.procs)
         overrides = {**TEST_SETTINGS, "APPS": apps, **(settings or {})}
-        path = self.dir / f"connect-{n}.err"
-        with open(path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "manage.py", "feishu_connect", "-v", "2", *args],
-                cwd=ROOT,
-                env=subprocess_env(
-                    DJANGO_SETTINGS_MODULE="tests.support.settings_json",
-                    DEMO_APP="0",
-                    FEISHU_INBOX_JSON=json.dumps(overrides),
-                    FEISHU_INBOX_HANDLERS="tests.support.connect_handlers",
-                    CONNECT_TEST_DIR=str(self.dir),
-                    **env,
-                ),
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        proc.stderr_path = path  # type: ignore[attr-defined]
+        env = subprocess_env(
+            DJANGO_SETTINGS_MODULE="tests.support.settings_json",
+            DEMO_APP="0",
+            FEISHU_INBOX_JSON=json.dumps(overrides),
+            FEISHU_INBOX_HANDLERS="tests.support.connect_handlers",
+            CONNECT_TEST_DIR=str(self.dir),
+            **env,
+        )
+        argv = ["feishu_connect", "-v", "2", *args]
+        proc = preforked.start(argv, env, self.dir / f"connect-{n}.err")
         self.procs.append(proc)
         return proc
 

@@ -80,7 +80,7 @@ class Subprocesses:
     """Subprocesses a test started, each with its stderr in a file; killed at the end."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Any] = []  # subprocess.Popen, or preforked.Forked (read the same way)
 
     def stderr(self, proc: subprocess.Popen[bytes]) -> str:
         return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]

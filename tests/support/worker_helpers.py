@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +10,8 @@ from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.models import EventJob
-from tests.support.processes import ROOT, Subprocesses, subprocess_env
+from tests.support import preforked
+from tests.support.processes import Subprocesses, subprocess_env
 
 
 class Workers(Subprocesses):
@@ -21,24 +21,18 @@ class Workers(Subprocesses):
         super().__init__()
         self.dir = directory
 
-    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes] | preforked.Forked:
         n = len(self.procs)
-        with open(self.dir / f"worker-{n}.err", "wb") as stderr:  # the child keeps its own fd
-            proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runworker", "-v", "2", *args],
-                cwd=ROOT,
-                env=subprocess_env(
-                    **{
-                        "FEISHU_INBOX_HANDLERS": "tests.support.worker_handlers",
-                        "WORKER_TEST_DIR": str(self.dir),
-                        "LOG_LEVEL": "DEBUG",
-                        **env,
-                    }
-                ),
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        proc.stderr_path = self.dir / f"worker-{n}.err"  # type: ignore[attr-defined]
+        argv = ["runworker", "-v", "2", *args]
+        environ = subprocess_env(
+            **{
+                "FEISHU_INBOX_HANDLERS": "tests.support.worker_handlers",
+                "WORKER_TEST_DIR": str(self.dir),
+                "LOG_LEVEL": "DEBUG",
+                **env,
+            }
+        )
+        proc = preforked.start(argv, environ, self.dir / f"worker-{n}.err")
         self.procs.append(proc)
         return proc
 
