@@ -17,7 +17,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo docs bytecode test test-fast lint test-sqlite test-postgres test-all chromium prometheus clean
+.PHONY: demo docs bytecode test test-fast lint test-sqlite test-postgres test-postgres-outages test-all chromium prometheus clean
 
 # The virtual environment, with the demo's extra only (`make demo`: a fraction of the
 # development tools' size), or with everything the tests and the linters need (`.installed`).
@@ -72,14 +72,17 @@ test-sqlite: $(VENV)/.installed bytecode
 	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
-# The suite creates and drops its own test databases. The tests that stop the whole cluster (a
-# restart under load) run alone, first: they would fail the other PostgreSQL processes' tests,
-# and while they wait on the restart the lint and the SQLite suite (which use no PostgreSQL)
-# keep the cores busy. The tests marked any_database use no test database (the SQLite suite
-# runs them). Exit 5 is "no test selected" (a PYTEST_ARGS selection without any of them).
+# The suite creates and drops its own test databases. The tests marked any_database use no
+# test database (the SQLite suite runs them). Exit 5 is "no test selected" (a PYTEST_ARGS
+# selection without any of them).
 test-postgres: $(VENV)/.installed bytecode
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
 	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database" $(PYTEST_ARGS) || [ $$? = 5 ]
+
+# The tests that stop the whole cluster (a restart under load) run on a throwaway cluster of
+# their own (initdb on a free port; needs the server's binaries, which a PostgreSQL install
+# has), in one process, beside everything else: stopping it fails no other test.
+test-postgres-outages: $(VENV)/.installed bytecode
+	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(VENV)/bin/pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
 chromium:
@@ -96,9 +99,9 @@ prometheus:
 # longer one alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of
 # its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
 test: chromium prometheus $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-all
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-all
 
-test-all: lint test-sqlite test-postgres
+test-all: lint test-sqlite test-postgres test-postgres-outages
 
 test-fast: $(VENV)/.installed
 	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)

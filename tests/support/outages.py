@@ -12,25 +12,39 @@ from pathlib import Path
 
 from django.db import connection
 
+from tests.support.private_postgres import pg_ctl
+
 
 @contextmanager
 def postgresql_stopped() -> Iterator[None]:
     """The cluster stopped: every database on it, those of other pytest-xdist processes too.
-    A test that stops it carries ``@pytest.mark.stops_postgres`` and runs in a process alone."""
+    A test that stops it carries ``@pytest.mark.stops_postgres``; ``make test`` runs those on a
+    cluster of their own (``tests.support.private_postgres``), in one process."""
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
         raise AssertionError(
             "this test stops the PostgreSQL cluster, which would fail the tests of the other "
             "pytest-xdist processes: run `pytest -m stops_postgres` without -n (make test-postgres "
             "does), and mark the test @pytest.mark.stops_postgres"
         )
-    cluster = sorted(Path("/etc/postgresql").iterdir())[-1].name
-    command = ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main"]
     connection.close()
-    subprocess.run([*command, "stop", "-m", "fast"], check=True, timeout=60)
+    _cluster("stop")
     try:
         yield
     finally:
-        subprocess.run([*command, "start"], check=True, timeout=60)
+        _cluster("start")
+
+
+def _cluster(verb: str) -> None:
+    """Stop or start the test database's cluster: the private one ``make test`` made, or the
+    machine's own (Debian's layout), for ``pytest -m stops_postgres`` run by hand."""
+    private = os.environ.get("FEISHU_INBOX_TEST_PGDATA")
+    if private:
+        log = ["-l", str(Path(private).parent / "server.log")]
+        pg_ctl(Path(private), *(["-m", "fast", "stop"] if verb == "stop" else [*log, "start"]))
+        return
+    cluster = sorted(Path("/etc/postgresql").iterdir())[-1].name
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", verb]
+    subprocess.run([*command, *(["-m", "fast"] if verb == "stop" else [])], check=True, timeout=60)
 
 
 @contextmanager
