@@ -81,8 +81,11 @@ def test_180_replies_over_12_chats_keep_feishus_limits_together(
     refused = counts.get("rate_limited", 0)
     assert refused <= 0.05 * counts["message_requests"], counts
     print(f"180 replies in {took:.2f}s, {refused} of {counts['message_requests']} refused")
-    # within a few seconds of the limit's own bound: 180 at 50/s after a burst of 50
-    assert took < 180 / 50 + 3, took
+    # Not throttled far below the limits: 180 at 50/s after a burst of 50 take 2.6 s, and a
+    # bucket refilled at a tenth of its rate (or a chat's 5/s taken as the app's) takes 36 s or
+    # more. The bound is the order of magnitude, not a timing goal (bench/flow_control.py has
+    # that): two suites on two cores made 9 s of this once.
+    assert took < 180 / 50 * 4, took
     # waiting spent no attempt: each job completed in its first (or given back) attempt
     assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
     # every request took a token of the app's bucket (a re-send after a 429 too)
@@ -166,9 +169,16 @@ def test_a_handlers_own_limit_spaces_its_jobs_across_workers(workers: Workers) -
     for _ in range(2):
         workers.start("--concurrency", "4", FEISHU_INBOX_POLL_INTERVAL="0.1")
     wait_for(lambda: EventJob.objects.completed().count() == 8, 30, "8 completed jobs")
-    starts = sorted(int(line[3]) for line in workers.lines("start"))
-    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(starts)]
-    assert len(starts) == 8 and min(gaps) > 0.2, gaps  # 4 a second, whichever worker
+    starts = sorted(int(line[3]) / 1e9 for line in workers.lines("start"))
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # 4 a second, whichever worker: tokens are taken 0.25 s apart at the least. A start is
+    # logged after its token, late by however long its worker waited for a core (0.23 s once,
+    # with the suites side by side), so one gap alone can look short; any four gaps together
+    # still span a second less that lateness. A limit each worker kept on its own (8 a second)
+    # spans 0.5 s, no limit ~0.
+    late = 0.25
+    spans = [b - a for a, b in zip(starts, starts[4:], strict=False)]
+    assert len(starts) == 8 and min(spans) > 4 * 0.25 - late, gaps
     assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
 
 
