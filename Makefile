@@ -85,7 +85,7 @@ test-postgres: $(VENV)/.installed bytecode
 # their own (initdb on a free port; needs the server's binaries, which a PostgreSQL install
 # has), in one process, beside everything else: stopping it fails no other test.
 test-postgres-outages: $(VENV)/.installed bytecode
-	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(VENV)/bin/pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
+	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(PY) -m pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
 chromium:
@@ -107,7 +107,7 @@ test: chromium prometheus $(VENV)/.installed
 test-all: lint test-sqlite test-postgres test-postgres-outages
 
 test-fast: $(VENV)/.installed
-	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -x --failed-first -q $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(PY) -m pytest -x --failed-first -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles dist docs/_build

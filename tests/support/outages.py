@@ -23,8 +23,8 @@ def postgresql_stopped() -> Iterator[None]:
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
         raise AssertionError(
             "this test stops the PostgreSQL cluster, which would fail the tests of the other "
-            "pytest-xdist processes: run `pytest -m stops_postgres` without -n (make test-postgres "
-            "does), and mark the test @pytest.mark.stops_postgres"
+            "pytest-xdist processes: run `pytest -m stops_postgres` without -n (make "
+            "test-postgres-outages does), and mark the test @pytest.mark.stops_postgres"
         )
     connection.close()
     _cluster("stop")

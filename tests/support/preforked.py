@@ -19,18 +19,28 @@ when imported).
 The plain start, imports and all, stays covered by the tests that run ``python manage.py``
 themselves (``tests/runtime/test_runworker_logging.py``, the burst and conformance tests, the
 CLI and install tests). ``FEISHU_INBOX_TEST_PREFORK=0`` starts every command plainly.
+
+What differs from a plain start, and no test depends on: the children share the forkserver's
+hash seed (a plain start draws its own); an uncaught exception is printed by multiprocessing
+(``Process ForkServerProcess-N:`` above the traceback) and exits 1, a KeyboardInterrupt too.
+Run pytest from the project's directory (``make`` does): the forkserver imports the preload
+from there, and ``python -m pytest`` (not the ``pytest`` script, which each child would import
+again as its main module).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import multiprocessing
 import os
 import runpy
 import signal
 import subprocess
 import sys
+import threading
+import weakref
 from pathlib import Path
 
 from tests.support.processes import ROOT
@@ -73,6 +83,7 @@ class Forked:
         self._process.start()
         assert self._process.pid is not None
         self.pid: int = self._process.pid
+        _started.add(self)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -90,13 +101,29 @@ class Forked:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            # The forkserver reaps it, not this process: between its waitpid and the exit code
+            # reaching us the pid is gone (a Popen's zombie kept it), as Popen ignores too.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+_started: weakref.WeakSet[Forked] = weakref.WeakSet()
+
+
+@atexit.register  # before multiprocessing's own exit, which joins its live children unbounded
+def _kill_the_left() -> None:
+    """A command a test left running (a teardown that failed) is killed when pytest exits; a
+    Popen one would be orphaned, a multiprocessing child would hold pytest's exit forever."""
+    for proc in list(_started):
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
 
 
 def _run(args: list[str], env: dict[str, str], cwd: str, stderr: str) -> None:
@@ -119,4 +146,7 @@ def _run(args: list[str], env: dict[str, str], cwd: str, stderr: str) -> None:
     try:
         runpy.run_path(os.path.join(cwd, "manage.py"), run_name="__main__")
     finally:
-        atexit._run_exitfuncs()  # what the interpreter's exit would run; multiprocessing's does not
+        # What the interpreter's exit does, in its order (multiprocessing's exit skips atexit):
+        # wait for the threads that are not daemons, then run the atexit functions.
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,10 +43,10 @@ def as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", SERVER_USER, "--", *command] if os.geteuid() == 0 else command
 
 
-def pg_ctl(data: Path, *args: str) -> None:
+def pg_ctl(data: Path, *args: str, check: bool = True) -> None:
     """``pg_ctl -D data ARGS``, as the user who owns the cluster; waits (``-w``)."""
     command = as_server_user([str(server_bin() / "pg_ctl"), "-D", str(data), "-w", *args])
-    subprocess.run(command, check=True, timeout=60, stdout=subprocess.DEVNULL)
+    subprocess.run(command, check=check, timeout=60, stdout=subprocess.DEVNULL)
 
 
 def free_port() -> int:
@@ -57,6 +58,10 @@ def free_port() -> int:
 def main(command: list[str]) -> int:
     if not command:
         raise SystemExit(__doc__)
+    # make killed, a CI run cancelled, a terminal closed: stop the cluster (pg_ctl put it in a
+    # session of its own, out of reach of its process group's signals) and remove it.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     home = Path(tempfile.mkdtemp(prefix="feishu_inbox-pg-"))
     try:
         if os.geteuid() == 0:
@@ -72,16 +77,16 @@ def main(command: list[str]) -> int:
         with open(data / "postgresql.conf", "a") as conf:
             conf.write(f"port = {port}\nlisten_addresses = '127.0.0.1'\n")
             conf.write(f"unix_socket_directories = '{home}'\n")
-        pg_ctl(data, "-l", str(home / "server.log"), "start")
         try:
+            pg_ctl(data, "-l", str(home / "server.log"), "start")
             env = {
                 **os.environ,
                 "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/feishu_inbox",
                 "FEISHU_INBOX_TEST_PGDATA": str(data),
             }
             return subprocess.run(command, env=env, check=False).returncode
-        finally:
-            pg_ctl(data, "-m", "immediate", "stop")
+        finally:  # whatever state a test left it in: stopped already, or still starting
+            pg_ctl(data, "-m", "immediate", "stop", check=False)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
