@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from tests.support.processes import free_port
 
 SERVER_USER = "postgres"
 
@@ -47,12 +48,6 @@ def pg_ctl(data: Path, *args: str, check: bool = True) -> None:
     """``pg_ctl -D data ARGS``, as the user who owns the cluster; waits (``-w``)."""
     command = as_server_user([str(server_bin() / "pg_ctl"), "-D", str(data), "-w", *args])
     subprocess.run(command, check=check, timeout=60, stdout=subprocess.DEVNULL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(command: list[str]) -> int:
