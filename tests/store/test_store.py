@@ -121,7 +121,7 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024 and 0027 load their function files;
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027 and 0028 load their function files;
     migrating back drops them (or restores their earlier versions), forward again creates
     them, and the ledger works after the round trip."""
 
@@ -170,6 +170,13 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             [(body,)] = cur.fetchall()
             return "WITH ended AS (UPDATE" in body
 
+    def finish_batch_in_sets() -> bool:
+        """0028: a batch's finishes in three statements, not feishu_inbox_end_attempt each."""
+        with connection.cursor() as cur:
+            cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'feishu_inbox_finish_batch'")
+            [(body,)] = cur.fetchall()
+            return "feishu_inbox_end_attempt(" not in body and "= ANY (p_ids)" in body
+
     def claim_settings() -> list[str] | None:
         with connection.cursor() as cur:
             cur.execute("SELECT proconfig FROM pg_proc WHERE proname = 'feishu_inbox_claim'")
@@ -181,8 +188,10 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert claim_prefixed_arguments() == 6
     assert claim_settings() == forbidden
     assert check_constraints() == 0  # 0014: row triggers instead
-    assert end_attempt_merged()
+    assert end_attempt_merged() and finish_batch_in_sets()
     try:
+        call_command("migrate", "feishu_inbox", "0027", verbosity=0)
+        assert functions() == expected and not finish_batch_in_sets()  # 0027's again
         call_command("migrate", "feishu_inbox", "0026", verbosity=0)
         expected -= {"feishu_inbox_finish_batch"}  # new in 0027
         assert functions() == expected and finish_together_arguments() == 9
@@ -208,7 +217,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         call_command("migrate", "feishu_inbox", verbosity=0)
     expected |= {"feishu_inbox_finish_batch"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
-    assert check_constraints() == 0 and end_attempt_merged()
+    assert check_constraints() == 0 and end_attempt_merged() and finish_batch_in_sets()
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6
     with connection.cursor() as cur:  # what a process of the version before still sends
         cur.execute(  # (a rolling deploy): the new arguments have defaults
