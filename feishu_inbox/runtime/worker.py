@@ -492,8 +492,12 @@ class Worker:
                     and not (batch and (batch.waiting() or batch.buffered()))
                 ):
                     break  # nothing is due and nothing of ours runs
-            # (jobs in the buffer: no claim follows the wake-up, so no look at the next due job)
-            can_claim = free > 0 and not (batch and batch.buffered())
+            # No look at the next due job when no claim follows the wake-up: jobs wait in the
+            # buffer, or the room is taken by a claim in flight (a slot's batch: its jobs come
+            # with it, and a slot it leaves free wakes this thread) or by --max-jobs. Busy
+            # workers slept here hundreds of times a run, each look two round trips and a
+            # walk of the status index's running entries, dead ones included.
+            can_claim = free > 0 and room > 0 and not (batch and batch.buffered())
             self._sleep(can_claim, until=batch.deadline() if batch else None)
             self._wake.clear()
 
