@@ -1,5 +1,6 @@
-# A batch's finishes as sets: feishu_inbox_finish_batch ends its jobs in three statements
-# whatever their number (store/functions/0028_finish_batch_sets.sql says why; PostgreSQL only).
+# A batch's finishes as sets: feishu_inbox_finish_batch ends its jobs through the new
+# feishu_inbox_end_attempts, three statements whatever their number, generic plans
+# (store/functions/0028_finish_batch_sets.sql says why; PostgreSQL only).
 
 from django.db import migrations
 
@@ -14,6 +15,7 @@ class Migration(migrations.Migration):
 
     operations = [
         RunPostgresFunctions(
-            "0028_finish_batch_sets.sql", reverse_filename="0027_finish_batch.sql"
+            "0028_finish_batch_sets.sql",
+            reverse_filename=("0028_finish_batch_sets.down.sql", "0027_finish_batch.sql"),
         ),
     ]

@@ -138,6 +138,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_claim_prefixed",
         "feishu_inbox_finish_together",
         "feishu_inbox_finish_batch",
+        "feishu_inbox_end_attempts",
         "feishu_inbox_job_check",
         "feishu_inbox_partition_check",
     }
@@ -171,11 +172,12 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             return "WITH ended AS (UPDATE" in body
 
     def finish_batch_in_sets() -> bool:
-        """0028: a batch's finishes in three statements, not feishu_inbox_end_attempt each."""
+        """0028: a batch's finishes through feishu_inbox_end_attempts (three statements), not
+        feishu_inbox_end_attempt each."""
         with connection.cursor() as cur:
             cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'feishu_inbox_finish_batch'")
             [(body,)] = cur.fetchall()
-            return "feishu_inbox_end_attempt(" not in body and "= ANY (p_ids)" in body
+            return "feishu_inbox_end_attempt(" not in body and "end_attempts(" in body
 
     def claim_settings() -> list[str] | None:
         with connection.cursor() as cur:
@@ -191,6 +193,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert end_attempt_merged() and finish_batch_in_sets()
     try:
         call_command("migrate", "feishu_inbox", "0027", verbosity=0)
+        expected -= {"feishu_inbox_end_attempts"}  # new in 0028
         assert functions() == expected and not finish_batch_in_sets()  # 0027's again
         call_command("migrate", "feishu_inbox", "0026", verbosity=0)
         expected -= {"feishu_inbox_finish_batch"}  # new in 0027
@@ -215,7 +218,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         assert functions() == set()
     finally:
         call_command("migrate", "feishu_inbox", verbosity=0)
-    expected |= {"feishu_inbox_finish_batch"}
+    expected |= {"feishu_inbox_finish_batch", "feishu_inbox_end_attempts"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged() and finish_batch_in_sets()
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6
