@@ -492,13 +492,9 @@ class Worker:
                     and not (batch and (batch.waiting() or batch.buffered()))
                 ):
                     break  # nothing is due and nothing of ours runs
-            # No look at the next due job when no claim follows the wake-up: jobs wait in the
-            # buffer, or the room is taken by a claim in flight (a slot's batch: its jobs come
-            # with it, and a slot it leaves free wakes this thread) or by --max-jobs. Busy
-            # workers slept here hundreds of times a run, each look two round trips and a
-            # walk of the status index's running entries, dead ones included.
-            can_claim = free > 0 and room > 0 and not (batch and batch.buffered())
-            self._sleep(can_claim, until=batch.deadline() if batch else None)
+            # (jobs in the buffer: no claim follows the wake-up, so no look at the next due job)
+            can_claim = free > 0 and not (batch and batch.buffered())
+            self._sleep(can_claim, until=batch.deadline() if batch else None, room_held=room <= 0)
             self._wake.clear()
 
     def _room(self, free: int) -> int:
@@ -655,8 +651,11 @@ class Worker:
             log.error("%s failed (%s); trying again in %.2fs", doing, exc, self._db_backoff)
         writes.drop_connection()
 
-    def _sleep(self, can_claim: bool, *, until: float | None = None) -> None:
-        """``until``: when (monotonic) a batch's window ends, if one waits."""
+    def _sleep(
+        self, can_claim: bool, *, until: float | None = None, room_held: bool = False
+    ) -> None:
+        """``until``: when (monotonic) a batch's window ends, if one waits; ``room_held``:
+        a claim in flight holds the room (a slot writing its own batch)."""
         if self._db_backoff:
             self._stop.wait(self._db_backoff)
             return
@@ -664,7 +663,14 @@ class Worker:
         if until is not None:
             longest = min(longest, max(0.0, until - time.monotonic()))
         timeout = longest
-        if can_claim:
+        if can_claim and room_held:
+            # No look at the next due job: the claim in flight answers that. Busy workers
+            # looked here hundreds of times a run, two round trips and a walk of the status
+            # index's running entries each. But a short wait, as when work is due: a job
+            # whose notice woke this thread meanwhile came too late for that claim, which
+            # may bring jobs (then nothing wakes this thread) while a slot stays free.
+            timeout = min(longest, MIN_SLEEP)
+        elif can_claim:
             try:
                 due = seconds_until_wakeup(self.keys)
             except DatabaseError as exc:

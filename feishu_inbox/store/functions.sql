@@ -433,12 +433,24 @@ CREATE OR REPLACE FUNCTION feishu_inbox_end_attempts(
 ) RETURNS text[] LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    i integer;
     v_ids bigint[];
     v_status text[];
     v_keys text[];
 BEGIN
     IF cardinality(p_ids) = 0 THEN
         RETURN '{}'::text[];
+    END IF;
+    IF cardinality(p_ids) <> (SELECT count(DISTINCT u.id) FROM unnest(p_ids) AS u(id)) THEN
+        -- One job twice: its lease expired and this worker claimed it again within one
+        -- batch. The arrays find a job's token by its id, so each finish is fenced at its
+        -- own place instead, one by one, as before 0028: the stale one ends NULL.
+        v_status := array_fill(NULL::text, ARRAY[cardinality(p_ids)]);
+        FOR i IN SELECT k.n FROM unnest(p_keys) WITH ORDINALITY AS k(key, n) ORDER BY k.key LOOP
+            v_status[i] := feishu_inbox_end_attempt(p_ids[i], p_worker, p_tokens[i],
+                p_keys[i], FALSE, p_error_types[i], '', 0, 0);
+        END LOOP;
+        RETURN v_status;
     END IF;
     -- lock_partitions: every partition row, in key order (the ledger's one lock order),
     -- before any job row.

@@ -7,6 +7,7 @@ each chat's order; a slow job never holds back another partition's finish.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -19,7 +20,7 @@ import pytest
 from django.db import connection, connections
 
 from feishu_inbox import ledger
-from feishu_inbox.models import EventJob
+from feishu_inbox.models import Attempt, EventJob
 from feishu_inbox.runtime.batching import BUFFER_PATIENCE, Batch, Ended
 from feishu_inbox.tracing import NOTHING
 from tests.support.outages import sqlite_locked
@@ -63,6 +64,27 @@ def test_a_batch_finishes_each_fenced_and_claims_the_freed_heads_in_one_call() -
     assert [ledger.finish(j.lease, retrying=True) for j in first[:2]] == ["completed"] * 2
 
 
+def test_a_batch_with_one_job_twice_fences_each_finish_at_its_own_place() -> None:
+    """A worker whose lease expired may claim the same job again before its batch goes: the
+    stale finish and the live one of the same job meet in one batch. Each is fenced by its
+    own token, in either order: the stale one ends None (its slot learns that its lease was
+    lost), the live one completes with one history row."""
+    for stale_first in (True, False):
+        job_id = enqueue(f"twice-{stale_first}", [], partition=f"p-{stale_first}")
+        [claimed] = _claim_all(1)
+        stale = claimed.lease
+        EventJob.objects.filter(pk=job_id).update(lease_token="t-again", attempt=2)
+        live = dataclasses.replace(stale, token="t-again", attempt=2)
+        order = [stale, live] if stale_first else [live, stale]
+        ended, _ = ledger.finish_batch(
+            "w1", [(lease, "") for lease in order], limit=0, token=ledger.new_token()
+        )
+        assert ended == ([None, "completed"] if stale_first else ["completed", None])
+        assert job(job_id).status == "completed"
+        tokens = Attempt.objects.filter(job_id=job_id).values_list("lease_token", flat=True)
+        assert list(tokens) == ["t-again"]
+
+
 def test_a_batch_claims_no_more_than_its_limit_and_none_for_a_limit_of_zero() -> None:
     for i in range(6):
         enqueue(f"e{i}", [], partition=f"p{i}")
@@ -86,6 +108,30 @@ def test_a_batch_takes_any_partition_key_and_error_type() -> None:
     assert ended == ["completed"] * len(keys)
     rows = EventJob.objects.filter(pk__in=ids).values_list("partition_key", "error_type")
     assert sorted(rows) == sorted((key, 'Note "odd", \\ {x}') for key in keys)
+
+
+def test_a_claim_in_flight_saves_the_wake_up_look_but_not_the_short_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a slot's own batch holds the worker's room, the main thread, woken (a notice of
+    a new job, say), neither asks the database when work is due (the claim in flight answers
+    that: busy workers asked hundreds of times a run) nor sleeps its long listening sleep:
+    that claim may bring its slot's next job, which wakes nobody, while another slot is free
+    and the new job waits. It looks again within MIN_SLEEP, as when work is due."""
+    from feishu_inbox.runtime import worker as runtime_worker
+
+    looked: list[str] = []
+    monkeypatch.setattr(runtime_worker, "seconds_until_wakeup", lambda keys: looked.append("x"))
+    worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
+    worker._listening = True  # its longest sleep: LISTEN_MAX_SLEEP
+    assert runtime_worker.LISTEN_MAX_SLEEP >= 10 * runtime_worker.MIN_SLEEP
+    started = time.monotonic()
+    worker._sleep(True, room_held=True)
+    assert time.monotonic() - started < runtime_worker.LISTEN_MAX_SLEEP / 2
+    assert looked == []
+    worker._wake.set()  # with room to claim, it looks (and a wake-up ends the sleep)
+    worker._sleep(True)
+    assert looked == ["x"]
 
 
 def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> None:
