@@ -423,15 +423,19 @@ $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- feishu_inbox_end_attempts: as in 0028_finish_batch_sets.sql (migration 0028_finish_batch_sets),
--- where it is new: the finishes of a worker's batch (feishu_inbox_finish_batch) in three
+-- where it is new, with the setting of 0029_end_attempts_by_key.sql (migration
+-- 0029_end_attempts_by_key): the finishes of a worker's batch (feishu_inbox_finish_batch) in three
 -- statements whatever their number, each fenced on its own as by feishu_inbox_end_attempt,
 -- in the same lock order and with the same history rows; their plans always generic (planned
 -- with the arrays' values they were planned again on every call: a busy chat's batches of
 -- one cost PostgreSQL about 200 µs more). Returns each finish's status at its place in p_ids.
+-- (0029_end_attempts_by_key.sql:) planned with enable_seqscan off, as the claim is: generic
+-- plans, costed for ten keys, scanned a small partition table whole (every partition's key
+-- against every key of the batch) instead of reading its primary key.
 CREATE OR REPLACE FUNCTION feishu_inbox_end_attempts(
     p_worker text, p_ids bigint[], p_tokens text[], p_keys text[], p_error_types text[]
 ) RETURNS text[] LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 DECLARE
     i integer;
     v_ids bigint[];

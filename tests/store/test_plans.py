@@ -172,16 +172,34 @@ def test_cached_plans_of_claim_and_end_attempt_stay_on_the_partial_indexes(
     assert "Seq Scan" not in head and "Sort" not in head, head
 
 
+def _enqueue_in_turn(jobs: int = 10_000, chats: int = CHATS) -> None:
+    """Jobs enqueued as a site receives them, each chat's in turn (chat-1, chat-2, ...), so
+    the partition rows lie in no key order; then analysed (as bench/worker.py fills)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'e' || g, 't', "
+            "'e' || g, 'chat-' || (g %% %s), FALSE, '{}'::jsonb, NULL::integer) "
+            "FROM generate_series(1, %s) g) s",
+            [chats, jobs],
+        )
+        cur.execute("ANALYZE")
+    connection.close()  # a new session: no plan cached yet
+
+
 @pytest.mark.usefixtures("_no_autovacuum")
-@pytest.mark.parametrize("statistics", ["analysed", "one-chat"])
+@pytest.mark.parametrize("statistics", ["analysed", "one-chat", "small, in turn"])
 def test_cached_plans_of_a_batchs_finishes_find_rows_by_key(statistics: str) -> None:
     """feishu_inbox_end_attempts (0028) ends a batch's jobs in three statements over arrays,
     always with generic plans (its plan_cache_mode, whatever the session's): from the first
     call on, they find the partition rows and the jobs by their primary keys and each new
     head through the partial index of unresolved jobs: never a scan of the backlog, of every
     chat, or of the status index's running entries (dead ones pile up there between
-    vacuums), whatever the statistics."""
-    _fill(statistics)
+    vacuums), whatever the statistics. "small, in turn": a thousand partition rows in no key
+    order, where a plan costed for ten keys scanned them all (0029: enable_seqscan off)."""
+    if statistics == "small, in turn":
+        _enqueue_in_turn()
+    else:
+        _fill(statistics)
     planned: list[tuple[str, str, str]] = []
     batch = (
         "SELECT finished_id, ended_status, (claimed).id, (claimed).partition_key "

@@ -121,9 +121,9 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027 and 0028 load their function files;
-    migrating back drops them (or restores their earlier versions), forward again creates
-    them, and the ledger works after the round trip."""
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028 and 0029 load their function
+    files; migrating back drops them (or restores their earlier versions), forward again
+    creates them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
         with connection.cursor() as cur:
@@ -185,13 +185,23 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
             [(settings,)] = cur.fetchall()
             return settings  # type: ignore[no-any-return]
 
+    def end_attempts_settings() -> list[str] | None:
+        with connection.cursor() as cur:
+            cur.execute("SELECT proconfig FROM pg_proc WHERE proname = 'feishu_inbox_end_attempts'")
+            [(settings,)] = cur.fetchall()
+            return settings  # type: ignore[no-any-return]
+
     forbidden = ["enable_sort=off", "enable_seqscan=off"]  # 0013: the claim reads its index
+    generic = ["plan_cache_mode=force_generic_plan"]  # 0028; 0029 adds enable_seqscan=off
     assert functions() == expected and finish_together_arguments() == 9  # 0024: excluding
     assert claim_prefixed_arguments() == 6
     assert claim_settings() == forbidden
     assert check_constraints() == 0  # 0014: row triggers instead
     assert end_attempt_merged() and finish_batch_in_sets()
+    assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
     try:
+        call_command("migrate", "feishu_inbox", "0028", verbosity=0)
+        assert end_attempts_settings() == generic and finish_batch_in_sets()
         call_command("migrate", "feishu_inbox", "0027", verbosity=0)
         expected -= {"feishu_inbox_end_attempts"}  # new in 0028
         assert functions() == expected and not finish_batch_in_sets()  # 0027's again
@@ -221,6 +231,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     expected |= {"feishu_inbox_finish_batch", "feishu_inbox_end_attempts"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged() and finish_batch_in_sets()
+    assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6
     with connection.cursor() as cur:  # what a process of the version before still sends
         cur.execute(  # (a rolling deploy): the new arguments have defaults
