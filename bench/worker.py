@@ -460,11 +460,19 @@ def _runs(interpreter: str) -> bool:
     return done.returncode == 0
 
 
-def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, float]:
-    """PgQueuer, Oban-py or Celery through its harness in ``work``: no-op jobs/s at 1 x 1, 1 x 4
-    and 2 x 4, and enqueue -> start latency (one job every 10 ms); each run checked to have
-    run every job exactly once. PgQueuer's documented defaults have no slot count (a fetched
-    batch of 10 runs at once): its 1 x 1 and 1 x 4 are one measurement of one process."""
+def queue_peer(
+    work: Path,
+    name: str,
+    n: int,
+    env: dict[str, str],
+    shapes: tuple[str, ...] = ("c1", "c4", "2x4"),
+    latency: bool = True,
+) -> dict[str, float]:
+    """PgQueuer, Oban-py or Celery through its harness in ``work``: no-op jobs/s at ``shapes``
+    (of 1 x 1, 1 x 4 and 2 x 4), and enqueue -> start latency (one job every 10 ms); each run
+    checked to have run every job exactly once. PgQueuer's documented defaults have no slot
+    count (a fetched batch of 10 runs at once): its 1 x 1 and 1 x 4 are one measurement of one
+    process."""
     venv, interpreters, packages = QUEUE_PEERS[name]
     py = work / venv / "bin" / "python"
     if not py.exists():
@@ -489,26 +497,30 @@ def queue_peer(work: Path, name: str, n: int, env: dict[str, str]) -> dict[str, 
 
     extra = ["--config", "reliable"] if name == "celery" else []  # acks_late, prefetch 1
     res: dict[str, float] = {}
-    shapes = {"c1": ("1", "1"), "c4": ("1", "4"), "2x4": ("2", "4")}
-    for label, (procs, concurrency) in shapes.items():
+    sizes = {"c1": ("1", "1"), "c4": ("1", "4"), "2x4": ("2", "4")}
+    for label in shapes:
+        procs, concurrency = sizes[label]
         if name == "pgqueuer" and label == "c4":
-            res["c4"] = res["c1"]
-            continue
+            continue  # the 1 x 1 run's figure (set below)
         run("reset")
         run("fill", "--n", str(n))
         slots = [] if name == "pgqueuer" else ["--concurrency", concurrency]
         res[label] = once(run("work", "--procs", procs, *slots, *extra))
-    run("reset")
-    lat_args = ["--n", "500", "--gap", "0.01"]
-    lat = run("latency", *lat_args, *([] if name == "pgqueuer" else ["--concurrency", "1"]), *extra)
-    res.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], max_ms=lat["max_ms"])
+    if name == "pgqueuer" and "c1" in res:
+        res["c4"] = res["c1"]
+    if latency:
+        run("reset")
+        lat_args = ["--n", "500", "--gap", "0.01"]
+        lat = run(
+            "latency", *lat_args, *([] if name == "pgqueuer" else ["--concurrency", "1"]), *extra
+        )
+        res.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], max_ms=lat["max_ms"])
     return res
 
 
-def peers(
-    directory: Path, n: int, work: Path, only_djtasks: bool = False
-) -> dict[str, dict[str, float]]:
-    """Run the shared peer scripts (copied to ``work``); returns their figures."""
+def peers_env(directory: Path, work: Path) -> dict[str, str]:
+    """The shared peer scripts copied to ``work`` and set up (once); the environment they run
+    in: they configure themselves from their own settings, none of ours may leak in."""
     if not (work / ".venv").exists():
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(directory, work, ignore=shutil.ignore_patterns("results", ".venv"))
@@ -518,20 +530,30 @@ def peers(
         subprocess.run(
             ["bash", str(work / "setup.sh")], check=True, cwd=work, stdout=subprocess.DEVNULL
         )
-    py = str(work / ".venv" / "bin" / "python")
-
-    # The peers configure themselves from their own settings: none of ours may leak in.
-    env = {
+    return {
         k: v
         for k, v in os.environ.items()
         if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "FEISHU_INBOX_HANDLERS")
     }
 
+
+def peers(
+    directory: Path,
+    n: int,
+    work: Path,
+    only_djtasks: bool = False,
+    skip: tuple[str, ...] = (),
+) -> dict[str, dict[str, float]]:
+    """Run the shared peer scripts (copied to ``work``), but the queue peers in ``skip``
+    (measured beside ours instead); returns their figures."""
+    env = peers_env(directory, work)
+    py = str(work / ".venv" / "bin" / "python")
+
     def run(*args: str) -> dict[str, Any]:
         return peer_run([py, *args], work, env)
 
     p, d = str(work / "procrastinate_bench" / "bench.py"), str(work / "djtasks" / "bench.py")
-    res: dict[str, dict[str, float]] = {name: {} for name in PEER_NAMES}
+    res: dict[str, dict[str, float]] = {name: {} for name in PEER_NAMES if name not in skip}
     try:  # each peer on its own: one failing must not lose the other's figures
         if only_djtasks:
             raise RuntimeError("skipped (--tasks-only)")
@@ -563,7 +585,7 @@ def peers(
     except (RuntimeError, subprocess.SubprocessError) as exc:
         print(f"django-tasks-db not measured: {exc}")
     if not only_djtasks:
-        for name in QUEUE_PEERS:
+        for name in (name for name in QUEUE_PEERS if name not in skip):
             try:
                 res[name] = queue_peer(work, name, n, env)
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
@@ -635,7 +657,10 @@ def main() -> None:
         return
     # Rounds alternate ours and the peers (ours first in odd rounds, last in even ones), so a
     # machine whose speed changes meanwhile weighs on both; each figure printed is the median
-    # of the rounds, each ratio the median of the rounds' ratios.
+    # of the rounds, each ratio the median of the rounds' ratios. PgQueuer, the peer to lead,
+    # runs right beside our runs of the same shape (its one process just before our 1 x 1 and
+    # its two just after our 2 x 4 in odd rounds, the other way round in even ones): this
+    # machine's speed swings within minutes, and the other peers' runs take several.
     rounds: list[tuple[dict[str, float], dict[str, dict[str, float]]]] = []
     # Our database was created for this run (the peers' has served many): a first run of each
     # shape, not counted, pays its one-off costs (the new database's first statements, the
@@ -643,24 +668,44 @@ def main() -> None:
     # measures what the rounds after it measure.
     for procs, slots in ((1, 1), (1, 4), (2, 4)):
         throughput(url, procs, slots, min(args.jobs, 2000))
+    peer_env = {} if args.no_peers else peers_env(args.peers, args.peers_work)
+
+    def pgqueuer(into: dict[str, dict[str, float]], *shapes: str, latency: bool = False) -> None:
+        if args.no_peers:
+            return
+        try:
+            got = queue_peer(args.peers_work, "pgqueuer", args.jobs, peer_env, shapes, latency)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            print(f"pgqueuer {shapes or 'latency'} not measured: {exc}")
+            return
+        into.setdefault("pgqueuer", {}).update(got)
+
     for number in range(1, args.rounds + 1):
+        odd = number % 2 == 1
         their_round: dict[str, dict[str, float]] = {}
-        if number % 2 == 0 and not args.no_peers:
-            their_round = peers(args.peers, args.jobs, args.peers_work)
+        if not odd and not args.no_peers:
+            their_round = peers(args.peers, args.jobs, args.peers_work, skip=("pgqueuer",))
+        # Beside our own runs: PgQueuer's latency (after ours in odd rounds, before in even)
+        # and its throughput shapes.
+        if not odd:
+            pgqueuer(their_round, latency=True)
+        shapes = [("c1", 1, 1), ("c4", 1, 4), ("2x4", 2, 4)]
+        pgqueuer(their_round, "c1" if odd else "2x4")
         mine = {
-            "c1": throughput(url, 1, 1, args.jobs),
-            "c4": throughput(url, 1, 4, args.jobs),
-            "2x4": throughput(url, 2, 4, args.jobs),
-            # One busy chat: its jobs are serial by definition, one commit each.
-            "one_chat": throughput(url, 1, 4, min(args.jobs, 2000), partitions=1),
+            label: throughput(url, procs, slots, args.jobs)
+            for label, procs, slots in (shapes if odd else shapes[::-1])
         }
+        pgqueuer(their_round, "2x4" if odd else "c1")
+        # One busy chat: its jobs are serial by definition, one commit each.
+        mine["one_chat"] = throughput(url, 1, 4, min(args.jobs, 2000), partitions=1)
         for shape, (workers_us, rest_us) in CPU_PER_JOB.items():
             mine[f"cpu_us_{shape}"], mine[f"rest_cpu_us_{shape}"] = workers_us, rest_us
         for shape, commits in COMMITS_PER_JOB.items():
             mine[f"commits_{shape}"] = commits
         mine["p50_ms"], mine["p99_ms"], mine["max_ms"] = latency(url, 500, 0.01)
-        if number % 2 == 1 and not args.no_peers:
-            their_round = peers(args.peers, args.jobs, args.peers_work)
+        if odd and not args.no_peers:
+            pgqueuer(their_round, latency=True)
+            their_round.update(peers(args.peers, args.jobs, args.peers_work, skip=("pgqueuer",)))
         rounds.append((mine, their_round))
         print(json.dumps({"round": number, "feishu_inbox": mine, "peers": their_round}))
     ours = {k: median([r[0][k] for r in rounds]) for k in rounds[0][0]}
