@@ -199,14 +199,24 @@ class Batch:
         with self._lock:
             return len(self._buffer)
 
-    def stale(self, *, now: float, patience: float = BUFFER_PATIENCE) -> list[ClaimedJob]:
-        """Take the buffered jobs that waited past ``patience`` seconds since their claim was
-        sent (to hand them back)."""
+    def stale(
+        self, *, now: float, patience: float = BUFFER_PATIENCE
+    ) -> list[tuple[ClaimedJob, float]]:
+        """Take the buffered jobs (each with when its claim was sent) that waited past
+        ``patience`` seconds since their claim was sent (to hand them back)."""
         with self._lock:
             kept = deque(item for item in self._buffer if now - item[1] < patience)
-            gone = [job for job, sent in self._buffer if now - sent >= patience]
+            gone = [item for item in self._buffer if now - item[1] >= patience]
             self._buffer = kept
         return gone
+
+    def keep(self, items: list[tuple[ClaimedJob, float]]) -> None:
+        """Stale jobs that could not be handed back (the database is away) wait again, first:
+        a slot that frees up runs them, or the next look hands them back. Dropped, they
+        would wait out their leases and run again on a second attempt."""
+        if items:
+            with self._lock:
+                self._buffer.extendleft(reversed(items))
 
     def take_buffered(self) -> list[ClaimedJob]:
         """Empty the buffer (the worker stops: its jobs are handed back)."""

@@ -1036,15 +1036,23 @@ class Worker:
                     self._time_out(ctx)
                 elif time.monotonic() - ctx.renewed_at >= renew_every:
                     self._renew(ctx)
-            if self._batch is not None:
-                # Within a third of the lease too: a buffered job is never renewed.
-                patience = min(BUFFER_PATIENCE, self.lease_seconds / 3)
-                for job in self._batch.stale(now=time.monotonic(), patience=patience):
-                    self._hand_back_buffered(job, "It waited too long for a free slot.")
+            self._hand_back_stale()
             self._check_now.clear()
             self._look_for_signals()
             self._check_now.wait(tick)
         connections.close_all()
+
+    def _hand_back_stale(self) -> None:
+        """Hand back the buffered jobs that waited too long for a slot (every slot is in a
+        slow job). One the database is away for waits again, first in the buffer: a slot that
+        frees up runs it, or the next tick hands it back; never left to its lease."""
+        if self._batch is None:
+            return
+        # Within a third of the lease too: a buffered job is never renewed.
+        patience = min(BUFFER_PATIENCE, self.lease_seconds / 3)
+        why = "It waited too long for a free slot."
+        stale = self._batch.stale(now=time.monotonic(), patience=patience)
+        self._batch.keep([item for item in stale if not self._hand_back_buffered(item[0], why)])
 
     def _look_for_signals(self) -> None:
         """Tell running handlers, at their next checkpoint, that an operator cancelled their
@@ -1368,16 +1376,22 @@ class Worker:
             time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
             delay = min(delay * 2, writes.RETRY_LONGEST_DELAY)
 
-    def _hand_back_buffered(self, job: ledger.ClaimedJob, why: str) -> None:
-        """Give back a claimed job that never started, without spending an attempt."""
+    def _hand_back_buffered(self, job: ledger.ClaimedJob, why: str) -> bool:
+        """Give back a claimed job that never started, without spending an attempt. False:
+        the database is away (the job is still ours; the caller may keep it and try again)."""
         try:
             _check_connection()
             state = ledger.hand_back(job.lease, message=why)
-        except (LeaseLost, InvalidState, DatabaseError) as exc:
-            log.warning("job %s not handed back: %s (its lease will expire)", job.id, exc)
-            return
+        except (LeaseLost, InvalidState) as exc:
+            log.warning("job %s not handed back: %s", job.id, exc)
+            return True
+        except DatabaseError as exc:
+            writes.drop_connection()
+            log.warning("job %s not handed back (the database is away): %s", job.id, exc)
+            return False
         self._slots.count(-1)
         log.info("job %s handed back before it started (%s): %s", job.id, state, why)
+        return True
 
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:

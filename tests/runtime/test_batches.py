@@ -149,7 +149,7 @@ def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> No
         (_job_stub(2), 100.0 + BUFFER_PATIENCE / 2),
     ]
     batch.buffer(jobs)  # type: ignore[arg-type]
-    assert [j.id for j in batch.stale(now=100.0 + BUFFER_PATIENCE)] == [1]
+    assert [j.id for j, _ in batch.stale(now=100.0 + BUFFER_PATIENCE)] == [1]
     assert batch.buffered() == 1
 
 
@@ -185,6 +185,43 @@ def test_a_half_run_buffer_sends_the_batch_and_fast_jobs_keep_to_the_busy_slots(
     stuck._progress -= 1.0  # a window passed with no slot taking a job (no test waits 1 s)
     assert stuck.needs_slot(3)
     assert stuck.deadline() is not None and stuck.deadline() <= time.monotonic()
+
+
+def test_a_stale_job_the_database_is_away_for_waits_first_and_goes_back_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every slot is in a slow job and the database is away: a buffered job's hand back
+    fails. It is not dropped (it would wait out its lease and run on a second attempt, as CI
+    saw once under a PostgreSQL restart): it waits first in the buffer, and the next tick,
+    the database back, hands it back without spending an attempt."""
+    from django.db import OperationalError
+
+    from feishu_inbox.runtime import worker as runtime_worker
+
+    first, second = enqueue("stale-1", [], partition="p1"), enqueue("stale-2", [], partition="p2")
+    worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
+    assert worker._batch is not None
+    claimed = ledger.claim(worker.worker_id, limit=2, lease_seconds=30, token="t-stale")
+    assert sorted(j.id for j in claimed) == [first, second]
+    long_ago = time.monotonic() - 10 * BUFFER_PATIENCE
+    worker._batch.buffer([(j, long_ago) for j in claimed])
+    real, refused = ledger.hand_back, []
+
+    def hand_back(lease: ledger.Lease, **kwargs: object) -> str:
+        if lease.job_id == first and not refused:
+            refused.append(lease.job_id)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(lease, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime_worker.ledger, "hand_back", hand_back)
+    worker._hand_back_stale()
+    assert refused == [first]
+    assert job(first).status == "running" and job(second).status != "running"
+    assert worker._batch.buffered() == 1  # kept, first in line for a slot that frees up
+    worker._hand_back_stale()
+    assert worker._batch.buffered() == 0
+    rows = EventJob.objects.filter(pk__in=[first, second]).values_list("status", "attempt")
+    assert sorted(rows) == [("queued", 0), ("queued", 0)]
 
 
 def _job_stub(job_id: int) -> object:
