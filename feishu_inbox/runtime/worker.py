@@ -42,7 +42,7 @@ from functools import partial
 from types import FrameType
 from typing import Any, Protocol
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
 from .. import telemetry, tracing
 from ..conf import checked_settings
@@ -100,6 +100,10 @@ _checked = threading.local()
 #: server). Per job, the ping would cost a round trip each time; a broken connection is also
 #: dropped at once after any DatabaseError.
 CONNECTION_CHECK_INTERVAL = 1.0
+#: What a claim or a hand back meets when the database is away. Django's InterfaceError (a
+#: connection the driver found closed) is not a DatabaseError; the handlers' writes try both
+#: again (``writes.TRANSIENT_ERRORS``), and so do these.
+DATABASE_AWAY = (DatabaseError, InterfaceError)
 
 
 #: How long a thread that wants the GIL waits for a busy one to give it up (CPython's default
@@ -590,7 +594,7 @@ class Worker:
                     keys=self.keys,
                 )
             token = ""
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             telemetry.CLAIMS.labels("error").inc()
             self._database_away("finish and claim" if ended else "claim", exc, since=sent)
             if self._batch is not None:
@@ -631,7 +635,7 @@ class Worker:
             self._call_on_end(ctx, status, None)
         self._account(ctx, outcome, entry.span, entry.took)
 
-    def _database_away(self, doing: str, exc: DatabaseError, *, since: float | None = None) -> None:
+    def _database_away(self, doing: str, exc: Exception, *, since: float | None = None) -> None:
         """``since``: when the call that failed began (a call may wait a while to fail)."""
         self._db_backoff = min(max(self._db_backoff * 2, CLAIM_RETRY_FIRST_DELAY), 1.0)
         if self._db_away_since is None:
@@ -1385,7 +1389,7 @@ class Worker:
         except (LeaseLost, InvalidState) as exc:
             log.warning("job %s not handed back: %s", job.id, exc)
             return True
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             writes.drop_connection()
             log.warning("job %s not handed back (the database is away): %s", job.id, exc)
             return False
