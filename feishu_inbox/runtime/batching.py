@@ -210,14 +210,6 @@ class Batch:
             self._buffer = kept
         return gone
 
-    def keep(self, items: list[tuple[ClaimedJob, float]]) -> None:
-        """Stale jobs that could not be handed back (the database is away) wait again, first:
-        a slot that frees up runs them, or the next look hands them back. Dropped, they
-        would wait out their leases and run again on a second attempt."""
-        if items:
-            with self._lock:
-                self._buffer.extendleft(reversed(items))
-
     def take_buffered(self) -> list[ClaimedJob]:
         """Empty the buffer (the worker stops: its jobs are handed back)."""
         with self._lock:

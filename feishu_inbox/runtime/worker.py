@@ -382,6 +382,9 @@ class Worker:
         self.gave_up = False
         #: The tokens of claims whose reply was lost: their jobs may be ours (``claimed_with``).
         self._lost_tokens: list[str] = []
+        #: Buffered jobs whose hand back failed (the database was away), each with when its
+        #: claim was sent: tried again by the heartbeat (``_hand_back_stale``), never started.
+        self._unreturned: list[tuple[ledger.ClaimedJob, float]] = []
         #: The room taken by the claims in flight (the main thread's, a slot's batch).
         self._reserved = 0
         #: Held while a claim reads and reserves its room, and when it ends (``_claim``).
@@ -627,7 +630,7 @@ class Worker:
             except LeaseLost as exc:
                 ctx.mark_lost(str(exc))
                 outcome = "lease_lost"
-            except DatabaseError as exc:  # the batch's reply came: a bug; log it
+            except DATABASE_AWAY as exc:  # the batch's reply came: a bug; log it
                 log.exception("job %s: the ledger refused a write (%s)", ctx.event.job_id, exc)
                 writes.drop_connection()
                 outcome = "database_error"
@@ -677,7 +680,7 @@ class Worker:
         elif can_claim:
             try:
                 due = seconds_until_wakeup(self.keys)
-            except DatabaseError as exc:
+            except DATABASE_AWAY as exc:
                 self._database_away("reading the next wake-up", exc)
                 return
             if due is not None:
@@ -753,10 +756,10 @@ class Worker:
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
             outcome = "lease_lost"
-        except DatabaseError as exc:  # not a blink (those are tried again): a bug; log it
+        except DATABASE_AWAY as exc:  # not a blink (those are tried again): a bug; log it
             log.exception("job %s: the ledger refused a write (%s)", event.job_id, exc)
             writes.drop_connection()
-            outcome = "database_error"
+            outcome = self._after_a_database_error(ctx, exc)
         finally:
             with self._abandoned_lock:
                 ctx.thread_done = True
@@ -806,6 +809,32 @@ class Worker:
                 self._slots.free(ctx, successor=following)
                 self._account(ctx, outcome, span, took)
         return following
+
+    def _after_a_database_error(self, ctx: context.JobContext, exc: Exception) -> str:
+        """A job's own call raised a database error that nothing tried again. When it is the
+        database being away, and the job is not ending and started no effect, it goes back
+        to the queue (tried again while its lease lasts) rather than waiting out its lease."""
+        if (
+            not isinstance(exc, writes.TRANSIENT_ERRORS)
+            or ctx.ending
+            or ctx.effects_started
+            or ctx.lost.is_set()
+        ):
+            return "database_error"
+        ctx.ending = True
+        why = f"The database was away ({type(exc).__name__}); it runs again."
+        try:
+            state = writes.write(
+                ctx,
+                "hand back",
+                lambda retrying: ledger.hand_back(ctx.lease, retrying=retrying, message=why),
+            )
+        except (LeaseLost, InvalidState) as lost:
+            log.warning("job %s not handed back: %s", ctx.event.job_id, lost)
+            return "database_error"
+        ctx.mark_lost("handed back after a database error")
+        log.info("job %s handed back after a database error (%s)", ctx.event.job_id, state)
+        return state
 
     def _account(
         self, ctx: context.JobContext, outcome: str, span: tracing.Span, took: float
@@ -934,8 +963,14 @@ class Worker:
             self._warn_no_handler(ctx.event.event_type)
             return self._finish(ctx, note="NoHandler")
         event = ctx.event
-        held = pauses.holding(
-            app=event.app, event_type=event.event_type, partition_key=event.partition_key
+        # A read, tried again through a blink as the job's writes are: raised out of here, a
+        # dropped connection would leave the job to wait out its lease.
+        held = writes.write(
+            ctx,
+            "look for the pauses of",
+            lambda _: pauses.holding(
+                app=event.app, event_type=event.event_type, partition_key=event.partition_key
+            ),
         )
         if held is not None:  # paused after this worker last looked: back, held, no attempt
             wait = Deferred(
@@ -948,7 +983,12 @@ class Worker:
                 ctx.ending = False
             else:
                 keys = {"app": event.app, "event_type": event.event_type}
-                pauses.release_if_unheld(event.job_id, **keys, partition_key=event.partition_key)
+                try:
+                    pauses.release_if_unheld(
+                        event.job_id, **keys, partition_key=event.partition_key
+                    )
+                except DATABASE_AWAY as exc:  # handed back, due when the pause ends
+                    log.warning("job %s: its pause not looked at again (%s)", event.job_id, exc)
                 return state, None
         token = context.enter(ctx)
         slots: list[str] = []
@@ -999,7 +1039,7 @@ class Worker:
             if slots and not ctx.lost.is_set() and not ctx.timed_out.is_set():
                 try:
                     rate_limits.give_back_slots(ctx, slots)
-                except (LeaseLost, DatabaseError) as exc:  # they stop counting with the lease
+                except (LeaseLost, *DATABASE_AWAY) as exc:  # they stop counting with the lease
                     log.warning("job %s: slots not given back (%s)", ctx.event.job_id, exc)
         return self._ended(ctx, self._finish(ctx), None)
 
@@ -1048,15 +1088,35 @@ class Worker:
 
     def _hand_back_stale(self) -> None:
         """Hand back the buffered jobs that waited too long for a slot (every slot is in a
-        slow job). One the database is away for waits again, first in the buffer: a slot that
-        frees up runs it, or the next tick hands it back; never left to its lease."""
+        slow job). One whose hand back failed (the database is away) is no slot's to run any
+        more (the hand back may have landed, its reply lost: the job may be queued again, or
+        another worker's), and is tried again, as a retry, on each tick while its lease
+        lasts: never left to wait out its lease and run on a second attempt."""
         if self._batch is None:
             return
         # Within a third of the lease too: a buffered job is never renewed.
         patience = min(BUFFER_PATIENCE, self.lease_seconds / 3)
-        why = "It waited too long for a free slot."
-        stale = self._batch.stale(now=time.monotonic(), patience=patience)
-        self._batch.keep([item for item in stale if not self._hand_back_buffered(item[0], why)])
+        now = time.monotonic()
+        with self._claiming:
+            retries, self._unreturned = self._unreturned, []
+        failed = [
+            (job, sent, True)
+            for job, sent in retries
+            if not self._hand_back_buffered(job, _WAITED, retrying=True)
+        ] + [
+            (job, sent, False)
+            for job, sent in self._batch.stale(now=now, patience=patience)
+            if not self._hand_back_buffered(job, _WAITED)
+        ]
+        for job, sent, _ in failed:
+            if time.monotonic() - sent >= self.lease_seconds:
+                log.warning("job %s not handed back before its lease ran out", job.id)
+        with self._claiming:
+            self._unreturned += [
+                (job, sent)
+                for job, sent, _ in failed
+                if time.monotonic() - sent < self.lease_seconds
+            ]
 
     def _look_for_signals(self) -> None:
         """Tell running handlers, at their next checkpoint, that an operator cancelled their
@@ -1067,7 +1127,7 @@ class Worker:
         try:
             _check_connection()
             found = ledger.signals(ctx.lease for ctx in running.values())
-        except DatabaseError:
+        except DATABASE_AWAY:
             writes.drop_connection()  # the database is away: look again next tick
             return
         for job_id, signal_ in found.items():
@@ -1104,7 +1164,7 @@ class Worker:
         except LeaseLost as exc:  # its own end landed first, or the lease was gone
             log.debug("job %s: not timed out (%s)", ctx.event.job_id, exc)
             return
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             log.error("job %s: its timeout could not be written (%s)", ctx.event.job_id, exc)
             writes.drop_connection()
             ctx.ending = False  # try again at the next tick
@@ -1153,7 +1213,7 @@ class Worker:
                 return
             telemetry.RENEWALS.labels("lost").inc()
             ctx.mark_lost(str(exc))
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             telemetry.RENEWALS.labels("error").inc()
             writes.drop_connection()
             # Tried again next tick; past our own estimate of the deadline, the lease is gone.
@@ -1199,7 +1259,7 @@ class Worker:
             try:
                 _check_connection()
                 retention.purge_if_due(self.worker_id)
-            except DatabaseError as exc:
+            except DATABASE_AWAY as exc:
                 log.warning("retention purge failed (%s); trying again later", exc)
                 writes.drop_connection()
         connections.close_all()
@@ -1221,7 +1281,7 @@ class Worker:
                 worker_beats.stopped(self.worker_id)
             else:
                 worker_beats.beat(self.worker_id, busy=len(self._slots))
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             log.warning("worker %s: heartbeat row not written (%s)", self.worker_id, exc)
             writes.drop_connection()
 
@@ -1244,7 +1304,7 @@ class Worker:
         try:
             _check_connection()
             ticked = self.services.tick(self.worker_id)
-        except DatabaseError as exc:
+        except DATABASE_AWAY as exc:
             log.warning("schedule tick failed (%s); trying again in a second", exc)
             writes.drop_connection()
             return min(longest, 1.0)
@@ -1354,6 +1414,10 @@ class Worker:
         if self._batch is not None:  # what a slot's last batch claimed, or a lost reply's
             for job in self._batch.take_buffered():
                 self._hand_back_buffered(job, "The worker shut down.")
+        with self._claiming:  # hand backs that failed while the database was away
+            unreturned, self._unreturned = self._unreturned, []
+        for job, _ in unreturned:
+            self._hand_back_buffered(job, _WAITED, retrying=True)
 
     def _write_ended(self, *, patiently: bool = False) -> None:
         """Write the batch's waiting finishes now, claiming nothing (the worker is ending).
@@ -1380,12 +1444,15 @@ class Worker:
             time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
             delay = min(delay * 2, writes.RETRY_LONGEST_DELAY)
 
-    def _hand_back_buffered(self, job: ledger.ClaimedJob, why: str) -> bool:
+    def _hand_back_buffered(
+        self, job: ledger.ClaimedJob, why: str, *, retrying: bool = False
+    ) -> bool:
         """Give back a claimed job that never started, without spending an attempt. False:
-        the database is away (the job is still ours; the caller may keep it and try again)."""
+        the database is away (the hand back may have landed: a caller that tries again passes
+        ``retrying``, and must not start the job meanwhile)."""
         try:
             _check_connection()
-            state = ledger.hand_back(job.lease, message=why)
+            state = ledger.hand_back(job.lease, message=why, retrying=retrying)
         except (LeaseLost, InvalidState) as exc:
             log.warning("job %s not handed back: %s", job.id, exc)
             return True
@@ -1396,6 +1463,10 @@ class Worker:
         self._slots.count(-1)
         log.info("job %s handed back before it started (%s): %s", job.id, state, why)
         return True
+
+
+#: Why a buffered job went back: no slot was free for it in time.
+_WAITED = "It waited too long for a free slot."
 
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:

@@ -187,18 +187,21 @@ def test_a_half_run_buffer_sends_the_batch_and_fast_jobs_keep_to_the_busy_slots(
     assert stuck.deadline() is not None and stuck.deadline() <= time.monotonic()
 
 
-def test_a_stale_job_the_database_is_away_for_waits_first_and_goes_back_after(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("landed", [False, True], ids=["not-landed", "landed-reply-lost"])
+def test_a_stale_job_whose_hand_back_fails_is_tried_again_and_never_started(
+    monkeypatch: pytest.MonkeyPatch, landed: bool
 ) -> None:
     """Every slot is in a slow job and the database is away: a buffered job's hand back
-    fails. It is not dropped (it would wait out its lease and run on a second attempt, as CI
-    saw once under a PostgreSQL restart): it waits first in the buffer, and the next tick,
-    the database back, hands it back without spending an attempt."""
+    fails (before it landed, or after, its reply lost). The job is not dropped to wait out
+    its lease and run on a second attempt (CI saw that once under a PostgreSQL restart), nor
+    put where a slot could start it (a landed hand back queued it for anyone): the next
+    tick hands it back again, as a retry, and it is queued once, no attempt spent."""
     from django.db import OperationalError
 
     from feishu_inbox.runtime import worker as runtime_worker
 
-    first, second = enqueue("stale-1", [], partition="p1"), enqueue("stale-2", [], partition="p2")
+    first = enqueue("stale-1", [], partition="p1")
+    second = enqueue("stale-2", [], partition="p2")
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
     assert worker._batch is not None
     claimed = ledger.claim(worker.worker_id, limit=2, lease_seconds=30, token="t-stale")
@@ -210,18 +213,47 @@ def test_a_stale_job_the_database_is_away_for_waits_first_and_goes_back_after(
     def hand_back(lease: ledger.Lease, **kwargs: object) -> str:
         if lease.job_id == first and not refused:
             refused.append(lease.job_id)
+            if landed:
+                real(lease, **kwargs)  # type: ignore[arg-type]
             raise OperationalError("server closed the connection unexpectedly")
         return real(lease, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runtime_worker.ledger, "hand_back", hand_back)
     worker._hand_back_stale()
     assert refused == [first]
-    assert job(first).status == "running" and job(second).status != "running"
-    assert worker._batch.buffered() == 1  # kept, first in line for a slot that frees up
+    assert job(first).status == ("queued" if landed else "running")
+    assert job(second).status == "queued"
+    assert worker._batch.buffered() == 0 and worker._batch.next_buffered() is None  # no slot's
+    assert [j.id for j, _ in worker._unreturned] == [first]
     worker._hand_back_stale()
-    assert worker._batch.buffered() == 0
+    assert worker._unreturned == []
     rows = EventJob.objects.filter(pk__in=[first, second]).values_list("status", "attempt")
     assert sorted(rows) == [("queued", 0), ("queued", 0)]
+    assert Attempt.objects.filter(job_id=first).count() == 1  # handed back once
+
+
+def test_a_stale_job_the_database_is_away_for_past_its_lease_is_left_to_the_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Away past the job's lease by the worker's clock: the worker stops trying (the ledger
+    gives the job to the next claim once its lease has expired) and never starts it."""
+    from django.db import OperationalError
+
+    from feishu_inbox.runtime import worker as runtime_worker
+
+    late_id = enqueue("stale-late", [], partition="p3")
+    worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
+    assert worker._batch is not None
+    (late,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-late")
+    worker._batch.buffer([(late, time.monotonic() - 31)])
+
+    def refuse(lease: ledger.Lease, **kwargs: object) -> str:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(runtime_worker.ledger, "hand_back", refuse)
+    worker._hand_back_stale()
+    assert worker._unreturned == [] and worker._batch.buffered() == 0
+    assert job(late_id).status == "running"  # until its lease expires
 
 
 def _job_stub(job_id: int) -> object:

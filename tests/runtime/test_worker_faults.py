@@ -81,6 +81,48 @@ def test_a_sqlite_file_locked_past_the_busy_timeout_needs_no_operator(workers: W
     assert resumed < 2.0, f"claims resumed {resumed:.2f}s after the lock was released"
 
 
+def test_a_blink_as_a_job_starts_neither_strands_it_nor_spends_an_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection drops as jobs start. The pause check (a read, before the handler) is
+    tried again as the job's writes are; an error that no call tried again (here, finding
+    the handler) hands the job back at once. Before, both left the job ``running`` to wait
+    out its lease and run on a second attempt (CI saw one such job under a PostgreSQL
+    restart). Every job runs once, on its first attempt."""
+    from django.core.management import call_command
+    from django.db import OperationalError
+
+    from feishu_inbox.runtime import worker as worker_module
+    from tests.support import worker_tasks
+
+    results = [worker_tasks.noop.enqueue() for _ in range(10)]
+    real_holding = worker_module.pauses.holding
+    real_handler_for = worker_module.registry.handler_for
+    blinks: list[str] = []
+
+    def holding(**kwargs: str) -> object:
+        if blinks.count("pause") < 2:
+            blinks.append("pause")
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_holding(**kwargs)
+
+    def handler_for(*args: object) -> object:
+        if "handler" not in blinks:
+            blinks.append("handler")
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_handler_for(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module.pauses, "holding", holding)
+    monkeypatch.setattr(worker_module.registry, "handler_for", handler_for)
+    call_command("runworker", "--burst", "--concurrency", "2", "-v", "0")
+    assert sorted(blinks) == ["handler", "pause", "pause"]
+    assert EventJob.objects.filter(status="completed").count() == len(results)
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
+    handed_back = Attempt.objects.filter(error_type="HandedBack")
+    assert handed_back.count() == 1
+    assert "database was away" in handed_back.get().error_message
+
+
 # --- SPEC §4: supersede is never blind ------------------------------------------------------
 
 
