@@ -1416,8 +1416,18 @@ class Worker:
                 self._hand_back_buffered(job, "The worker shut down.")
         with self._claiming:  # hand backs that failed while the database was away
             unreturned, self._unreturned = self._unreturned, []
+            lost, self._lost_tokens = self._lost_tokens, []
         for job, _ in unreturned:
             self._hand_back_buffered(job, _WAITED, retrying=True)
+        for token in lost:  # claims whose reply was lost: no later claim will look for them
+            try:
+                _check_connection()
+                found = ledger.claimed_with(self.worker_id, token)
+            except DATABASE_AWAY as exc:
+                log.warning("a lost claim's jobs are left to their leases (%s)", exc)
+                continue
+            for job in found:
+                self._hand_back_buffered(job, "The worker shut down.")
 
     def _write_ended(self, *, patiently: bool = False) -> None:
         """Write the batch's waiting finishes now, claiming nothing (the worker is ending).

@@ -423,6 +423,22 @@ def test_max_jobs_runs_exactly_that_many_with_the_buffer(workers: Workers) -> No
     assert not EventJob.objects.filter(status="running").exists()
 
 
+def test_a_worker_stopping_hands_back_the_jobs_of_a_claim_whose_reply_was_lost() -> None:
+    """A claim commits and loses its reply; the worker is told to stop before any later claim
+    looks for its jobs. It looks for them as it stops, and hands them back: none waits out its
+    lease, none spends an attempt."""
+    from feishu_inbox.runtime import worker as runtime_worker
+
+    ids = [enqueue(f"lost-{n}", [], partition=f"lost-{n}") for n in range(3)]
+    worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
+    assert len(ledger.claim(worker.worker_id, limit=3, lease_seconds=30, token="t-lost")) == 3
+    worker._lost_tokens = ["t-lost"]
+    worker.stop()
+    worker._drain()
+    rows = EventJob.objects.filter(pk__in=ids).values_list("status", "attempt")
+    assert sorted(rows) == [("queued", 0)] * 3
+
+
 @pytest.mark.parametrize("error", ["OperationalError", "InterfaceError"])
 def test_claims_whose_replies_were_lost_are_found_again_by_their_tokens(
     monkeypatch: pytest.MonkeyPatch, error: str
