@@ -210,9 +210,10 @@ class Batch:
             self._buffer = kept
         return gone
 
-    def take_buffered(self) -> list[ClaimedJob]:
-        """Empty the buffer (the worker stops: its jobs are handed back)."""
+    def take_buffered(self) -> list[tuple[ClaimedJob, float]]:
+        """Empty the buffer (the worker stops: its jobs are handed back), each job with when
+        its claim was sent."""
         with self._lock:
-            gone = [job for job, _ in self._buffer]
+            gone = list(self._buffer)
             self._buffer.clear()
         return gone

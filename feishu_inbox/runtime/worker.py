@@ -385,6 +385,8 @@ class Worker:
         #: Buffered jobs whose hand back failed (the database was away), each with when its
         #: claim was sent: tried again by the heartbeat (``_hand_back_stale``), never started.
         self._unreturned: list[tuple[ledger.ClaimedJob, float]] = []
+        #: Held while stale jobs are handed back: the heartbeat's, then ``_drain``'s.
+        self._returning = threading.Lock()
         #: The room taken by the claims in flight (the main thread's, a slot's batch).
         self._reserved = 0
         #: Held while a claim reads and reserves its room, and when it ends (``_claim``).
@@ -461,7 +463,7 @@ class Worker:
         deadline = time.monotonic() + SHUTDOWN_WAIT
         # Our listener waits on its socket: wake it (when the database is away, its wait ends
         # within its own timeout).
-        with contextlib.suppress(DatabaseError):
+        with contextlib.suppress(*DATABASE_AWAY):
             store().notify(STOPPING_NOTICE)
         for thread in services:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -756,8 +758,7 @@ class Worker:
         except LeaseLost as exc:
             ctx.mark_lost(str(exc))
             outcome = "lease_lost"
-        except DATABASE_AWAY as exc:  # not a blink (those are tried again): a bug; log it
-            log.exception("job %s: the ledger refused a write (%s)", event.job_id, exc)
+        except DATABASE_AWAY as exc:  # the worker's own call, not tried again
             writes.drop_connection()
             outcome = self._after_a_database_error(ctx, exc)
         finally:
@@ -792,8 +793,7 @@ class Worker:
                     finally:
                         self._writers.release()
                     if claimed and self._stop.is_set():  # stopped meanwhile: nothing starts
-                        for job, _ in claimed:
-                            self._hand_back_buffered(job, "The worker shut down.")
+                        self._give_back(claimed, _STOPPED)
                     elif claimed:
                         item = claimed[0]
                         batch.buffer(claimed[1:])
@@ -814,12 +814,13 @@ class Worker:
         """A job's own call raised a database error that nothing tried again. When it is the
         database being away, and the job is not ending and started no effect, it goes back
         to the queue (tried again while its lease lasts) rather than waiting out its lease."""
-        if (
-            not isinstance(exc, writes.TRANSIENT_ERRORS)
-            or ctx.ending
-            or ctx.effects_started
-            or ctx.lost.is_set()
-        ):
+        if not isinstance(exc, writes.TRANSIENT_ERRORS):  # not a blink: a bug
+            log.error(
+                "job %s: the ledger refused a write (%s)", ctx.event.job_id, exc, exc_info=exc
+            )
+            return "database_error"
+        log.warning("job %s: the database was away (%s)", ctx.event.job_id, exc)
+        if ctx.ending or ctx.effects_started or ctx.lost.is_set():
             return "database_error"
         ctx.ending = True
         why = f"The database was away ({type(exc).__name__}); it runs again."
@@ -894,6 +895,9 @@ class Worker:
             )
         except BaseException:
             self._slots.unreserve(reserved)
+            if reserved:  # it may have landed, its reply lost: its next job is found later
+                with self._claiming:
+                    self._lost_tokens.append(token)
             raise
         self._slots.unreserve(reserved - len(jobs))
         label = status + (" (Superseded)" if superseded else f" ({note})" if note else "")
@@ -910,7 +914,13 @@ class Worker:
         if final:
             pass
         elif isinstance(error, RetryAt):
-            retry_in = error.seconds_from(database_now()) if error.needs_clock else error.seconds
+            retry_in = (
+                writes.write(
+                    ctx, "read the clock for", lambda _: error.seconds_from(database_now())
+                )
+                if error.needs_clock
+                else error.seconds
+            )
         else:
             retry_in = registry.policy_for(ctx.event.event_type).delay_before(ctx.event.attempt)
         error_type, message = registry.describe_error(ctx.event.event_type, error)
@@ -983,13 +993,17 @@ class Worker:
                 ctx.ending = False
             else:
                 keys = {"app": event.app, "event_type": event.event_type}
-                try:
-                    pauses.release_if_unheld(
+                writes.write(
+                    ctx,
+                    "look again at the pauses of",
+                    lambda _: pauses.release_if_unheld(
                         event.job_id, **keys, partition_key=event.partition_key
-                    )
-                except DATABASE_AWAY as exc:  # handed back, due when the pause ends
-                    log.warning("job %s: its pause not looked at again (%s)", event.job_id, exc)
+                    ),
+                )
                 return state, None
+        if ctx.timed_out.is_set():  # while the pause check waited out a blink: the heartbeat
+            raise LeaseLost(f"Job {event.job_id} timed out before its handler started.")
+        ctx.ensure_alive()
         token = context.enter(ctx)
         slots: list[str] = []
         try:
@@ -1088,35 +1102,40 @@ class Worker:
 
     def _hand_back_stale(self) -> None:
         """Hand back the buffered jobs that waited too long for a slot (every slot is in a
-        slow job). One whose hand back failed (the database is away) is no slot's to run any
-        more (the hand back may have landed, its reply lost: the job may be queued again, or
-        another worker's), and is tried again, as a retry, on each tick while its lease
-        lasts: never left to wait out its lease and run on a second attempt."""
+        slow job), and try again those whose hand back failed (``_give_back``). Once the
+        worker stops, ``_drain`` does both."""
         if self._batch is None:
             return
         # Within a third of the lease too: a buffered job is never renewed.
         patience = min(BUFFER_PATIENCE, self.lease_seconds / 3)
-        now = time.monotonic()
+        with self._returning:
+            if self._stop.is_set():
+                return
+            self._give_back(self._batch.stale(now=time.monotonic(), patience=patience), _WAITED)
+
+    def _give_back(self, jobs: Sequence[tuple[ledger.ClaimedJob, float]], why: str) -> bool:
+        """Hand back claimed jobs that never started (each with when its claim was sent), and
+        those whose hand back failed before. One whose hand back fails (the database is away)
+        is no slot's to run any more (the hand back may have landed, its reply lost: the job
+        may be queued again, or another worker's): it is kept to be tried again, as a retry,
+        while its lease lasts; never left to wait out its lease and run on a second attempt.
+        True: none is left to try again."""
         with self._claiming:
             retries, self._unreturned = self._unreturned, []
         failed = [
-            (job, sent, True)
+            (job, sent)
             for job, sent in retries
-            if not self._hand_back_buffered(job, _WAITED, retrying=True)
-        ] + [
-            (job, sent, False)
-            for job, sent in self._batch.stale(now=now, patience=patience)
-            if not self._hand_back_buffered(job, _WAITED)
-        ]
-        for job, sent, _ in failed:
-            if time.monotonic() - sent >= self.lease_seconds:
+            if not self._hand_back_buffered(job, why, retrying=True)
+        ] + [(job, sent) for job, sent in jobs if not self._hand_back_buffered(job, why)]
+        kept = []
+        for job, sent in failed:
+            if time.monotonic() - sent < self.lease_seconds:
+                kept.append((job, sent))
+            else:
                 log.warning("job %s not handed back before its lease ran out", job.id)
         with self._claiming:
-            self._unreturned += [
-                (job, sent)
-                for job, sent, _ in failed
-                if time.monotonic() - sent < self.lease_seconds
-            ]
+            self._unreturned += kept
+        return not kept
 
     def _look_for_signals(self) -> None:
         """Tell running handlers, at their next checkpoint, that an operator cancelled their
@@ -1386,8 +1405,7 @@ class Worker:
                 self._wake.wait(pause)
                 self._wake.clear()
         if batch is not None:
-            for job in batch.take_buffered():
-                self._hand_back_buffered(job, "The worker shut down.")
+            self._give_back(batch.take_buffered(), _STOPPED)
         deadline = time.monotonic() + self.options.grace_seconds
         while self._slots and time.monotonic() < deadline:
             self._write_ended()
@@ -1412,22 +1430,39 @@ class Worker:
                 log.warning("job %s not handed back: %s", ctx.event.job_id, exc)
         self._write_ended(patiently=True)  # the handlers that returned meanwhile
         if self._batch is not None:  # what a slot's last batch claimed, or a lost reply's
-            for job in self._batch.take_buffered():
-                self._hand_back_buffered(job, "The worker shut down.")
-        with self._claiming:  # hand backs that failed while the database was away
-            unreturned, self._unreturned = self._unreturned, []
-            lost, self._lost_tokens = self._lost_tokens, []
-        for job, _ in unreturned:
-            self._hand_back_buffered(job, _WAITED, retrying=True)
-        for token in lost:  # claims whose reply was lost: no later claim will look for them
-            try:
-                _check_connection()
-                found = ledger.claimed_with(self.worker_id, token)
-            except DATABASE_AWAY as exc:
-                log.warning("a lost claim's jobs are left to their leases (%s)", exc)
-                continue
-            for job in found:
-                self._hand_back_buffered(job, "The worker shut down.")
+            self._give_back(self._batch.take_buffered(), _STOPPED)
+        with self._returning:  # the heartbeat hands back nothing more
+            self._give_back_the_rest()
+
+    def _give_back_the_rest(self) -> None:
+        """As the worker stops: the jobs of claims whose reply was lost (no later claim will
+        look for them), and those whose hand back failed, go back; while the database is
+        away, tried again until their leases are about to end (as ``_write_ended`` does)."""
+        delay = writes.RETRY_FIRST_DELAY
+        until = time.monotonic() + self.lease_seconds - writes.LEASE_MARGIN
+        while True:
+            with self._claiming:
+                lost, self._lost_tokens = self._lost_tokens, []
+            found: list[tuple[ledger.ClaimedJob, float]] = []
+            for n, token in enumerate(lost):
+                try:
+                    _check_connection()
+                    jobs = ledger.claimed_with(self.worker_id, token)
+                    found += [(job, time.monotonic()) for job in jobs]
+                except DATABASE_AWAY as exc:
+                    log.warning("a lost claim's jobs not looked for yet (%s)", exc)
+                    writes.drop_connection()
+                    with self._claiming:
+                        self._lost_tokens += lost[n:]
+                    break
+            done = self._give_back(found, _STOPPED) and not self._lost_tokens
+            left = until - time.monotonic()
+            if done or left <= 0:
+                if not done:
+                    log.error("jobs left to their leases: the database stayed away")
+                return
+            time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
+            delay = min(delay * 2, writes.RETRY_LONGEST_DELAY)
 
     def _write_ended(self, *, patiently: bool = False) -> None:
         """Write the batch's waiting finishes now, claiming nothing (the worker is ending).
@@ -1443,8 +1478,7 @@ class Worker:
                 ended = batch.take_ended()
                 found, statuses = self._claim(None, ended)
             self._settle_all(ended, statuses)
-            for job, _ in found:
-                self._hand_back_buffered(job, "The worker shut down.")
+            self._give_back(found, _STOPPED)
             if statuses or not patiently:
                 return
             left = min(entry.ctx.lease_left() for entry in ended) - writes.LEASE_MARGIN
@@ -1477,6 +1511,8 @@ class Worker:
 
 #: Why a buffered job went back: no slot was free for it in time.
 _WAITED = "It waited too long for a free slot."
+#: Why a claimed job that never started went back: the worker stopped.
+_STOPPED = "The worker shut down."
 
 
 def _hand_back(lease: ledger.Lease, retrying: bool) -> str:

@@ -423,20 +423,39 @@ def test_max_jobs_runs_exactly_that_many_with_the_buffer(workers: Workers) -> No
     assert not EventJob.objects.filter(status="running").exists()
 
 
-def test_a_worker_stopping_hands_back_the_jobs_of_a_claim_whose_reply_was_lost() -> None:
-    """A claim commits and loses its reply; the worker is told to stop before any later claim
-    looks for its jobs. It looks for them as it stops, and hands them back: none waits out its
-    lease, none spends an attempt."""
+def test_a_worker_stopping_in_a_blink_hands_back_what_lost_replies_and_failed_hand_backs_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A claim commits and loses its reply, and a buffered job's hand back failed; the worker
+    is told to stop before any later claim or tick tries again, and the database is still
+    away for its first looks. It tries again as it stops, and hands every one of them back:
+    none waits out its lease, none spends an attempt."""
+    from django.db import OperationalError
+
     from feishu_inbox.runtime import worker as runtime_worker
 
-    ids = [enqueue(f"lost-{n}", [], partition=f"lost-{n}") for n in range(3)]
+    ids = [enqueue(f"lost-{n}", [], partition=f"lost-{n}") for n in range(4)]
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
-    assert len(ledger.claim(worker.worker_id, limit=3, lease_seconds=30, token="t-lost")) == 3
+    lost = ledger.claim(worker.worker_id, limit=3, lease_seconds=30, token="t-lost")
+    (unreturned,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-un")
+    assert sorted(j.id for j in [*lost, unreturned]) == ids
     worker._lost_tokens = ["t-lost"]
+    worker._unreturned = [(unreturned, time.monotonic())]
+    real, away = ledger.claimed_with, [1, 2]
+
+    def claimed_with(*args: object) -> list[ledger.ClaimedJob]:
+        if away:
+            away.pop()
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime_worker.ledger, "claimed_with", claimed_with)
     worker.stop()
     worker._drain()
+    assert away == []
     rows = EventJob.objects.filter(pk__in=ids).values_list("status", "attempt")
-    assert sorted(rows) == [("queued", 0)] * 3
+    assert sorted(rows) == [("queued", 0)] * 4
+    assert worker._lost_tokens == [] and worker._unreturned == []
 
 
 @pytest.mark.parametrize("error", ["OperationalError", "InterfaceError"])

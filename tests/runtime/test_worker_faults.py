@@ -123,6 +123,36 @@ def test_a_blink_as_a_job_starts_neither_strands_it_nor_spends_an_attempt(
     assert "database was away" in handed_back.get().error_message
 
 
+def test_a_retry_at_a_time_reads_the_clock_through_a_blink(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler asks to run again at a time; reading the database's clock for it meets a
+    dropped connection. The read is tried again, as the job's writes are: the attempt ends
+    waiting for that time, not left to its lease."""
+    from django.db import OperationalError
+
+    import feishu_inbox
+    from feishu_inbox.runtime import worker as runtime_worker
+
+    job_id = enqueue("retry-at", [], partition="clock")
+    worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
+    (claimed,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-clock")
+    ctx = worker._context(claimed, time.monotonic())
+    real, away = runtime_worker.database_now, [1]
+
+    def database_now() -> object:
+        if away:
+            away.pop()
+            raise OperationalError("server closed the connection unexpectedly")
+        return real()
+
+    monkeypatch.setattr(runtime_worker, "database_now", database_now)
+    when = timezone.now() + timedelta(minutes=5)
+    assert worker._fail(ctx, feishu_inbox.RetryAt(when)) == "retry_wait"
+    assert away == []
+    assert abs((job(job_id).available_at - when).total_seconds()) < 2
+
+
 # --- SPEC §4: supersede is never blind ------------------------------------------------------
 
 
