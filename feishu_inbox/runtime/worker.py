@@ -1457,7 +1457,7 @@ class Worker:
                     break
             done = self._give_back(found, _STOPPED) and not self._lost_tokens
             left = until - time.monotonic()
-            if done or left <= 0:
+            if done or left <= 0 or self.gave_up:  # a --burst run gave up waiting already
                 if not done:
                     log.error("jobs left to their leases: the database stayed away")
                 return

@@ -229,12 +229,19 @@ def test_cached_plans_of_a_batchs_finishes_find_rows_by_key(statistics: str) -> 
         connection.close()  # its session's settings and plans go with it
     for lock, end, head in planned:
         assert "'w'::" not in end and "$1" in end, end  # generic from the first call on
-        assert "Index Scan using feishu_inbox_partition_pkey" in lock, lock
-        assert "Index Scan using feishu_inbox_eventjob_pkey" in end, end
-        assert "Index Scan using feishu_inbox_job_unresolved" in head, head
-        assert "Index Scan using feishu_inbox_partition_pkey" in head, head
+        assert _reads_by(lock, "feishu_inbox_partition_pkey"), lock
+        assert _reads_by(end, "feishu_inbox_eventjob_pkey"), end
+        assert _reads_by(head, "feishu_inbox_job_unresolved"), head
+        assert _reads_by(head, "feishu_inbox_partition_pkey"), head
         for plan in (lock, end, head):
             assert "Seq Scan" not in plan and "Hash" not in plan, plan
+
+
+def _reads_by(plan: str, index: str) -> bool:
+    """The plan finds rows through ``index``: a plain index scan, or a bitmap of its entries
+    (the planner takes either for a few keys of an array, as its costs of the moment say;
+    both read the keys asked for, never the whole index)."""
+    return f"Index Scan using {index}" in plan or f"Bitmap Index Scan on {index}" in plan
 
 
 def test_a_claim_of_several_is_still_planned_for_its_limit() -> None:
