@@ -13,6 +13,7 @@ import pytest
 
 from feishu_inbox import ledger
 from feishu_inbox.models import Attempt, EventJob
+from tests.support.outages import frozen_outside_a_write
 from tests.support.processes import ROOT, subprocess_env, wait_for
 from tests.support.worker_helpers import Workers, enqueue, job, lease_expired
 
@@ -108,7 +109,7 @@ def test_paused_worker_whose_job_was_taken_over_cannot_touch_it(workers: Workers
     job_id = enqueue("f", ["gate:f", "effect"])
     paused = workers.start("--lease-seconds", "2")
     wait_for(lambda: workers.lines("start", "f"), 30, "the first handler to start")
-    os.kill(paused.pid, signal.SIGSTOP)
+    frozen_outside_a_write(paused.pid)
     wait_for(lambda: lease_expired(job_id), 30, "the paused worker's lease to expire")
     taker = workers.start("--lease-seconds", "10")
     wait_for(lambda: len(workers.lines("start", "f")) == 2, 30, "the takeover")

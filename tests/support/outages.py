@@ -4,8 +4,10 @@ whole cluster, as a failover or restart does) or the SQLite file locked by anoth
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -56,6 +58,40 @@ def sqlite_locked() -> Iterator[None]:
             yield
         finally:
             db.execute("ROLLBACK")
+
+
+def frozen_outside_a_write(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP a process at a moment it is inside no transaction on the test database. A
+    worker frozen inside one (a lease renewal, its heartbeat row) would hold what it wrote
+    for good: on SQLite the file's write lock, every other writer locked out; on PostgreSQL
+    the rows of its job and chat, which the next owner's lease sweep then skips. A test of
+    a paused worker is about neither. The test's own connection must be the only other."""
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if not _a_transaction_open():
+            return
+        os.kill(pid, signal.SIGCONT)  # caught inside one: let it end it, then again
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} stayed inside a transaction for {timeout}s")
+
+
+def _a_transaction_open() -> bool:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+            )
+            return bool(cur.fetchone()[0])
+    path = connection.settings_dict["NAME"]
+    with closing(sqlite3.connect(path, isolation_level=None, timeout=0.05)) as db:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # "database is locked": a writer holds it
+            return True
+        db.execute("ROLLBACK")
+        return False
 
 
 @contextmanager
