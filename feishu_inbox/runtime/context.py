@@ -90,6 +90,9 @@ class JobContext:
     interrupt: Flag = field(default_factory=Flag)
     cancelled: Flag = field(default_factory=Flag)
     effects_started: bool = False
+    #: The handler was called: from then on the job's end is the worker's to write (finish,
+    #: fail, hand back), never a hand back for a database error before it (worker.py).
+    handler_started: bool = False
     #: This attempt's effects in flight (the worker is the only writer of its job's count).
     effects_in_flight: int = 0
     #: Steps (SPEC §7): whether the job recorded any before, their results once read (None:

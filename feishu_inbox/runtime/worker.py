@@ -812,15 +812,15 @@ class Worker:
 
     def _after_a_database_error(self, ctx: context.JobContext, exc: Exception) -> str:
         """A job's own call raised a database error that nothing tried again. When it is the
-        database being away, and the job is not ending and started no effect, it goes back
-        to the queue (tried again while its lease lasts) rather than waiting out its lease."""
+        database being away before the handler was called, it goes back to the queue (tried
+        again while its lease lasts) rather than waiting out its lease."""
         if not isinstance(exc, writes.TRANSIENT_ERRORS):  # not a blink: a bug
             log.error(
                 "job %s: the ledger refused a write (%s)", ctx.event.job_id, exc, exc_info=exc
             )
             return "database_error"
         log.warning("job %s: the database was away (%s)", ctx.event.job_id, exc)
-        if ctx.ending or ctx.effects_started or ctx.lost.is_set():
+        if ctx.handler_started or ctx.ending or ctx.effects_started or ctx.lost.is_set():
             return "database_error"
         ctx.ending = True
         why = f"The database was away ({type(exc).__name__}); it runs again."
@@ -1015,6 +1015,7 @@ class Worker:
             own_limits = registry.rate_limits_for(event.event_type)
             if own_limits:
                 rate_limits.acquire(own_limits)
+            ctx.handler_started = True
             if handlers.is_async(fn):
                 traced = tracing.captured()  # the job's span, on the loop's thread too
 

@@ -291,9 +291,11 @@ ORDER BY id DESC LIMIT 1
 
 -- claimed_with --
 -- The jobs a claim with this token took: a claim whose reply was lost is retried with the
--- same token and finds them here instead of leaving them to lease expiry.
+-- same token and finds them here instead of leaving them to lease expiry. A lease that has
+-- expired meanwhile (not yet swept) is no longer the worker's to run.
 SELECT {claimed_columns} FROM {job}
 WHERE status = '{running}' AND worker_id = %(worker_id)s AND lease_token = %(token)s
+  AND lease_until > now()
 
 -- ensure_chore --
 -- The row of a shared chore (the retention purge), due at once when new.

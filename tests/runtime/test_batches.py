@@ -458,6 +458,20 @@ def test_a_worker_stopping_in_a_blink_hands_back_what_lost_replies_and_failed_ha
     assert worker._lost_tokens == [] and worker._unreturned == []
 
 
+def test_a_lost_claims_job_whose_lease_expired_meanwhile_is_not_found_again() -> None:
+    """A claim's reply was lost, and the database stayed away past the lease: the job is no
+    longer the worker's to run (the lease sweep gives it to the next claim), so looking for
+    it by the claim's token finds nothing, though no sweep ran yet."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    live, late = enqueue("live", [], partition="live"), enqueue("late", [], partition="late")
+    assert len(ledger.claim("w1", limit=2, lease_seconds=30, token="t-lost")) == 2
+    EventJob.objects.filter(pk=late).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert [j.id for j in ledger.claimed_with("w1", "t-lost")] == [live]
+
+
 @pytest.mark.parametrize("error", ["OperationalError", "InterfaceError"])
 def test_claims_whose_replies_were_lost_are_found_again_by_their_tokens(
     monkeypatch: pytest.MonkeyPatch, error: str
