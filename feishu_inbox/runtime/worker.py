@@ -224,12 +224,18 @@ class _Pool:
                 self._idle += 1
 
     def shutdown(self, timeout: float) -> list[threading.Thread]:
-        """End the idle threads (each closes its database connections) and wait for them up to
+        """End the threads (each closes its database connections) and wait for them up to
         ``timeout`` seconds; a thread still running a handler (one abandoned at its timeout)
-        is left to finish it. Returns the threads still alive."""
+        is left to finish it, and ends then. Returns the threads still alive.
+
+        Every thread is told, not only the idle ones: a slot's thread frees its slot before
+        it has returned to the pool (it counts and logs the job's end), so the worker may be
+        closing while it is not idle yet; told only the idle ones, it would wait for a next
+        task for ever (a thread left behind in a process that ran ``runworker --burst``)."""
         with self._lock:
-            idle, self._idle = self._idle, 0
-        for _ in range(idle):
+            self._idle = 0
+            threads = list(self._threads)
+        for _ in threads:
             self._tasks.put(None)
         deadline = time.monotonic() + timeout
         for thread in self._threads:

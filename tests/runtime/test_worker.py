@@ -239,3 +239,24 @@ def test_worker_recovers_when_the_database_drops_its_connections(workers: Worker
     wait_for(lambda: job(second).status == "completed", 60, "the worker to reconnect")
     assert proc.poll() is None  # it kept running
     assert len(workers.lines("effect", "x2")) == 1
+
+
+# --- the handler threads ------------------------------------------------------------------------
+
+
+def test_a_handler_thread_busy_when_the_pool_shuts_down_ends_once_it_is_done() -> None:
+    """A slot's thread frees its slot before it is back in the pool (it still counts and logs
+    the job's end), so a worker may close while that thread is not idle. Told to end all the
+    same, it ends once its task returns: a process that ran ``runworker --burst`` (a test's,
+    a site's own) keeps no thread of it. CI's Django 6 run once found two left behind."""
+    import threading
+
+    from feishu_inbox.runtime.worker import _Pool
+
+    pool, busy, go_on = _Pool(), threading.Event(), threading.Event()
+    pool.submit(lambda: (busy.set(), go_on.wait(30)))
+    assert busy.wait(30)
+    (still_running,) = pool.shutdown(0.05)
+    go_on.set()
+    still_running.join(30)
+    assert not still_running.is_alive()
