@@ -39,7 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from types import FrameType
 from typing import Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
@@ -54,7 +53,7 @@ from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now, seconds_until_wakeup
 from ..store import store
 from ..store.schema import SCHEDULES_NOTICE, STOPPING_NOTICE
-from . import context, handlers, registry, writes
+from . import context, handlers, interrupts, registry, writes
 from . import limits as rate_limits
 from .batching import BUFFER_PATIENCE, Batch, Ended
 from .finishing import Finish, FinishGroup
@@ -403,7 +402,9 @@ class Worker:
         #: Held while buffered jobs are started on the free slots.
         self._filling = threading.Lock()
 
-        self._signals = 0
+        self._signals = interrupts.SignalRelay(
+            self._on_signal, b"feishu_inbox worker: second signal, exiting at once\n"
+        )
         self.outcomes: dict[str, int] = {}
         #: Handler threads still running a job that timed out; at ``concurrency`` of them
         #: (2 at least) the worker stops and asks to be started again (``runworker`` re-execs).
@@ -414,7 +415,7 @@ class Worker:
     # --- the main loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        previous = self._install_signals()
+        self._signals.install()
         switch = sys.getswitchinterval()
         if self._batch is not None:
             sys.setswitchinterval(min(switch, GIL_SWITCH_INTERVAL))
@@ -425,7 +426,7 @@ class Worker:
             # process, or a test's, leaves that process's signal handlers (and its switch
             # interval) as it found them.
             sys.setswitchinterval(switch)
-            self._restore_signals(previous)
+            self._signals.restore()
 
     def _run(self) -> int:
         loaded = self.services.warm_up()  # seconds of imports, before any lease runs
@@ -1354,23 +1355,8 @@ class Worker:
 
     # --- shutdown ----------------------------------------------------------------------------
 
-    def _install_signals(self) -> dict[int, Any]:
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return previous
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, self._on_signal)
-        return previous
-
-    def _restore_signals(self, previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            os.write(2, b"feishu_inbox worker: second signal, exiting at once\n")
-            os._exit(1)
+    def _on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGINT, on the relay's thread (``interrupts``): never in the handler."""
         log.info(
             "worker %s: %s received, finishing running jobs",
             self.worker_id,

@@ -102,6 +102,42 @@ def test_second_signal_exits_at_once(workers: Workers) -> None:
     assert proc.wait(10) == 1
 
 
+#: A stop signal that comes while the main thread holds the lock of the worker's wake-up
+#: event (its ``set``, ``clear`` and ``wait`` take it, many times a second).
+SIGNAL_INSIDE_A_LOCK = """
+import os, signal, django
+django.setup()
+from feishu_inbox.runtime.worker import Worker, WorkerOptions
+worker = Worker(WorkerOptions())
+worker._signals.install()
+with worker._wake._cond:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100_000):  # the handler runs at one of these bytecodes: inside the lock
+        pass
+print("stopping" if worker._stop.wait(20) else "still claiming", flush=True)
+worker._signals.restore()
+"""
+
+
+def test_a_signal_that_comes_while_the_main_thread_holds_a_lock_stops_the_worker() -> None:
+    """Python runs a signal handler on the main thread wherever it is, inside a ``with lock:``
+    too. The handler used to set the worker's events itself: when the signal came while the
+    main thread held one of their (not reentrant) locks, it waited for itself for ever, and
+    the worker neither claimed nor exited (CI once saw a SIGTERMed worker still there 30 s
+    later). Now a thread acts on it: the worker stops, and its process exits."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_INSIDE_A_LOCK],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopping"
+    assert "SIGTERM received, finishing running jobs" in done.stderr
+
+
 # --- a paused worker ----------------------------------------------------------------------------
 
 
