@@ -118,19 +118,20 @@ def test_a_claim_in_flight_saves_the_wake_up_look_but_not_the_short_wait(
     that: busy workers asked hundreds of times a run) nor sleeps its long listening sleep:
     that claim may bring its slot's next job, which wakes nobody, while another slot is free
     and the new job waits. It looks again within MIN_SLEEP, as when work is due."""
+    from feishu_inbox.runtime import chores
     from feishu_inbox.runtime import worker as runtime_worker
 
     looked: list[str] = []
     monkeypatch.setattr(runtime_worker, "seconds_until_wakeup", lambda keys: looked.append("x"))
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
-    worker._listening = True  # its longest sleep: LISTEN_MAX_SLEEP
-    assert runtime_worker.LISTEN_MAX_SLEEP >= 10 * runtime_worker.MIN_SLEEP
+    worker.listener.listening = True  # its longest sleep: LISTEN_MAX_SLEEP
+    assert chores.LISTEN_MAX_SLEEP >= 10 * runtime_worker.MIN_SLEEP
     started = time.monotonic()
-    worker._sleep(True, room_held=True)
-    assert time.monotonic() - started < runtime_worker.LISTEN_MAX_SLEEP / 2
+    worker.sleep(True, room_held=True)
+    assert time.monotonic() - started < chores.LISTEN_MAX_SLEEP / 2
     assert looked == []
-    worker._wake.set()  # with room to claim, it looks (and a wake-up ends the sleep)
-    worker._sleep(True)
+    worker.flags.wake.set()  # with room to claim, it looks (and a wake-up ends the sleep)
+    worker.sleep(True)
     assert looked == ["x"]
 
 
@@ -198,16 +199,17 @@ def test_a_stale_job_whose_hand_back_fails_is_tried_again_and_never_started(
     tick hands it back again, as a retry, and it is queued once, no attempt spent."""
     from django.db import OperationalError
 
+    from feishu_inbox.ledger import rules
     from feishu_inbox.runtime import worker as runtime_worker
 
     first = enqueue("stale-1", [], partition="p1")
     second = enqueue("stale-2", [], partition="p2")
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
-    assert worker._batch is not None
+    assert worker.claimer.batch is not None
     claimed = ledger.claim(worker.worker_id, limit=2, lease_seconds=30, token="t-stale")
     assert sorted(j.id for j in claimed) == [first, second]
     long_ago = time.monotonic() - 10 * BUFFER_PATIENCE
-    worker._batch.buffer([(j, long_ago) for j in claimed])
+    worker.claimer.batch.buffer([(j, long_ago) for j in claimed])
     real, refused = ledger.hand_back, []
 
     def hand_back(lease: ledger.Lease, **kwargs: object) -> str:
@@ -218,15 +220,16 @@ def test_a_stale_job_whose_hand_back_fails_is_tried_again_and_never_started(
             raise OperationalError("server closed the connection unexpectedly")
         return real(lease, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runtime_worker.ledger, "hand_back", hand_back)
-    worker._hand_back_stale()
+    monkeypatch.setattr(rules, "hand_back", hand_back)
+    worker.claimer.hand_back_stale()
     assert refused == [first]
     assert job(first).status == ("queued" if landed else "running")
     assert job(second).status == "queued"
-    assert worker._batch.buffered() == 0 and worker._batch.next_buffered() is None  # no slot's
-    assert [j.id for j, _ in worker._unreturned] == [first]
-    worker._hand_back_stale()
-    assert worker._unreturned == []
+    batch = worker.claimer.batch
+    assert batch.buffered() == 0 and batch.next_buffered() is None  # no slot's
+    assert [j.id for j, _ in worker.claimer.pending()[1]] == [first]
+    worker.claimer.hand_back_stale()
+    assert worker.claimer.pending()[1] == []
     rows = EventJob.objects.filter(pk__in=[first, second]).values_list("status", "attempt")
     assert sorted(rows) == [("queued", 0), ("queued", 0)]
     assert Attempt.objects.filter(job_id=first).count() == 1  # handed back once
@@ -239,20 +242,21 @@ def test_a_stale_job_the_database_is_away_for_past_its_lease_is_left_to_the_ledg
     gives the job to the next claim once its lease has expired) and never starts it."""
     from django.db import OperationalError
 
+    from feishu_inbox.ledger import rules
     from feishu_inbox.runtime import worker as runtime_worker
 
     late_id = enqueue("stale-late", [], partition="p3")
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
-    assert worker._batch is not None
+    assert worker.claimer.batch is not None
     (late,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-late")
-    worker._batch.buffer([(late, time.monotonic() - 31)])
+    worker.claimer.batch.buffer([(late, time.monotonic() - 31)])
 
     def refuse(lease: ledger.Lease, **kwargs: object) -> str:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(runtime_worker.ledger, "hand_back", refuse)
-    worker._hand_back_stale()
-    assert worker._unreturned == [] and worker._batch.buffered() == 0
+    monkeypatch.setattr(rules, "hand_back", refuse)
+    worker.claimer.hand_back_stale()
+    assert worker.claimer.pending()[1] == [] and worker.claimer.batch.buffered() == 0
     assert job(late_id).status == "running"  # until its lease expires
 
 
@@ -432,6 +436,7 @@ def test_a_worker_stopping_in_a_blink_hands_back_what_lost_replies_and_failed_ha
     none waits out its lease, none spends an attempt."""
     from django.db import OperationalError
 
+    from feishu_inbox.ledger import rules
     from feishu_inbox.runtime import worker as runtime_worker
 
     ids = [enqueue(f"lost-{n}", [], partition=f"lost-{n}") for n in range(4)]
@@ -439,8 +444,7 @@ def test_a_worker_stopping_in_a_blink_hands_back_what_lost_replies_and_failed_ha
     lost = ledger.claim(worker.worker_id, limit=3, lease_seconds=30, token="t-lost")
     (unreturned,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-un")
     assert sorted(j.id for j in [*lost, unreturned]) == ids
-    worker._lost_tokens = ["t-lost"]
-    worker._unreturned = [(unreturned, time.monotonic())]
+    worker.claimer.keep(lost_tokens=["t-lost"], unreturned=[(unreturned, time.monotonic())])
     real, away = ledger.claimed_with, [1, 2]
 
     def claimed_with(*args: object) -> list[ledger.ClaimedJob]:
@@ -449,13 +453,13 @@ def test_a_worker_stopping_in_a_blink_hands_back_what_lost_replies_and_failed_ha
             raise OperationalError("server closed the connection unexpectedly")
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runtime_worker.ledger, "claimed_with", claimed_with)
+    monkeypatch.setattr(rules, "claimed_with", claimed_with)
     worker.stop()
-    worker._drain()
+    worker.drain()
     assert away == []
     rows = EventJob.objects.filter(pk__in=ids).values_list("status", "attempt")
     assert sorted(rows) == [("queued", 0)] * 4
-    assert worker._lost_tokens == [] and worker._unreturned == []
+    assert worker.claimer.pending() == ([], [])
 
 
 def test_a_lost_claims_job_whose_lease_expired_meanwhile_is_not_found_again() -> None:
@@ -485,7 +489,8 @@ def test_claims_whose_replies_were_lost_are_found_again_by_their_tokens(
 
     dropped: type[Exception] = getattr(db, error)
 
-    from feishu_inbox.runtime import worker as worker_module
+    from feishu_inbox.ledger import rules
+    from feishu_inbox.runtime import state
     from tests.support import worker_tasks
 
     results = [worker_tasks.noop.enqueue() for _ in range(30)]
@@ -506,9 +511,9 @@ def test_claims_whose_replies_were_lost_are_found_again_by_their_tokens(
             raise dropped("server closed the connection unexpectedly")
         return statuses, jobs
 
-    monkeypatch.setattr(worker_module.ledger, "claim", claim)
-    monkeypatch.setattr(worker_module.ledger, "finish_batch", finish_batch)
-    monkeypatch.setattr(worker_module, "CLAIM_RETRY_FIRST_DELAY", 0.01)
+    monkeypatch.setattr(rules, "claim", claim)
+    monkeypatch.setattr(rules, "finish_batch", finish_batch)
+    monkeypatch.setattr(state, "CLAIM_RETRY_FIRST_DELAY", 0.01)
     call_command("runworker", "--burst", "--concurrency", "2", "-v", "0")
     assert len(lost) == 2 and len(set(lost)) == 2
     assert EventJob.objects.filter(status="completed").count() == len(results)

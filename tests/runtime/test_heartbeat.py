@@ -25,7 +25,7 @@ def running_job(worker: Worker, event_id: str) -> context.JobContext:
     """A job this worker claimed and runs, as its slot holds it."""
     ledger.enqueue(event_id=event_id, event_type="t.beat", partition_key=event_id, payload={})
     [claimed] = ledger.claim(worker.worker_id, lease_seconds=30)
-    return worker._context(claimed, time.monotonic())
+    return worker.executor.context_for(claimed, time.monotonic())
 
 
 def test_a_renewal_refused_because_the_jobs_own_finish_landed_is_not_a_lost_lease(
@@ -36,7 +36,7 @@ def test_a_renewal_refused_because_the_jobs_own_finish_landed_is_not_a_lost_leas
     ctx.ending = True  # the worker began writing its end ...
     assert ledger.finish(ctx.lease) == "completed"  # ... which landed
     with caplog.at_level(logging.DEBUG, logger="feishu_inbox"):
-        worker._renew(ctx)  # the heartbeat had read the slots just before
+        worker.heartbeat.renew(ctx)  # the heartbeat had read the slots just before
     assert not ctx.lost.is_set()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
@@ -46,6 +46,6 @@ def test_a_lease_really_lost_is_still_reported_at_once(caplog: pytest.LogCapture
     ctx = running_job(worker, "ev-taken")
     ledger.finish(ctx.lease)  # someone else ended it: the worker was not ending it
     with caplog.at_level(logging.ERROR, logger="feishu_inbox"):
-        worker._renew(ctx)
+        worker.heartbeat.renew(ctx)
     assert ctx.lost.is_set()
     assert f"job {ctx.event.job_id} lost its lease" in caplog.text

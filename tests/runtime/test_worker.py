@@ -109,13 +109,13 @@ import os, signal, django
 django.setup()
 from feishu_inbox.runtime.worker import Worker, WorkerOptions
 worker = Worker(WorkerOptions())
-worker._signals.install()
-with worker._wake._cond:
+worker.signals.install()
+with worker.flags.wake._cond:
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(100_000):  # the handler runs at one of these bytecodes: inside the lock
         pass
-print("stopping" if worker._stop.wait(20) else "still claiming", flush=True)
-worker._signals.restore()
+print("stopping" if worker.flags.stop.wait(20) else "still claiming", flush=True)
+worker.signals.restore()
 """
 
 
@@ -287,9 +287,9 @@ def test_a_handler_thread_busy_when_the_pool_shuts_down_ends_once_it_is_done() -
     a site's own) keeps no thread of it. CI's Django 6 run once found two left behind."""
     import threading
 
-    from feishu_inbox.runtime.worker import _Pool
+    from feishu_inbox.runtime.pools import HandlerPool
 
-    pool, busy, go_on = _Pool(), threading.Event(), threading.Event()
+    pool, busy, go_on = HandlerPool(), threading.Event(), threading.Event()
     pool.submit(lambda: (busy.set(), go_on.wait(30)))
     assert busy.wait(30)
     (still_running,) = pool.shutdown(0.05)

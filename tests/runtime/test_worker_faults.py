@@ -92,12 +92,13 @@ def test_a_blink_as_a_job_starts_neither_strands_it_nor_spends_an_attempt(
     from django.core.management import call_command
     from django.db import OperationalError
 
-    from feishu_inbox.runtime import worker as worker_module
+    from feishu_inbox.ledger import pauses
+    from feishu_inbox.runtime import registry
     from tests.support import worker_tasks
 
     results = [worker_tasks.noop.enqueue() for _ in range(10)]
-    real_holding = worker_module.pauses.holding
-    real_handler_for = worker_module.registry.handler_for
+    real_holding = pauses.holding
+    real_handler_for = registry.handler_for
     blinks: list[str] = []
 
     def holding(**kwargs: str) -> object:
@@ -112,8 +113,8 @@ def test_a_blink_as_a_job_starts_neither_strands_it_nor_spends_an_attempt(
             raise OperationalError("server closed the connection unexpectedly")
         return real_handler_for(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(worker_module.pauses, "holding", holding)
-    monkeypatch.setattr(worker_module.registry, "handler_for", handler_for)
+    monkeypatch.setattr(pauses, "holding", holding)
+    monkeypatch.setattr(registry, "handler_for", handler_for)
     call_command("runworker", "--burst", "--concurrency", "2", "-v", "0")
     assert sorted(blinks) == ["handler", "pause", "pause"]
     assert EventJob.objects.filter(status="completed").count() == len(results)
@@ -132,13 +133,14 @@ def test_a_retry_at_a_time_reads_the_clock_through_a_blink(
     from django.db import OperationalError
 
     import feishu_inbox
+    from feishu_inbox.runtime import attempts
     from feishu_inbox.runtime import worker as runtime_worker
 
     job_id = enqueue("retry-at", [], partition="clock")
     worker = runtime_worker.Worker(runtime_worker.WorkerOptions(lease_seconds=30))
     (claimed,) = ledger.claim(worker.worker_id, limit=1, lease_seconds=30, token="t-clock")
-    ctx = worker._context(claimed, time.monotonic())
-    real, away = runtime_worker.database_now, [1]
+    ctx = worker.executor.context_for(claimed, time.monotonic())
+    real, away = attempts.database_now, [1]
 
     def database_now() -> object:
         if away:
@@ -146,9 +148,9 @@ def test_a_retry_at_a_time_reads_the_clock_through_a_blink(
             raise OperationalError("server closed the connection unexpectedly")
         return real()
 
-    monkeypatch.setattr(runtime_worker, "database_now", database_now)
+    monkeypatch.setattr(attempts, "database_now", database_now)
     when = timezone.now() + timedelta(minutes=5)
-    assert worker._fail(ctx, feishu_inbox.RetryAt(when)) == "retry_wait"
+    assert attempts.fail(ctx, feishu_inbox.RetryAt(when)) == "retry_wait"
     assert away == []
     assert abs((job(job_id).available_at - when).total_seconds()) < 2
 

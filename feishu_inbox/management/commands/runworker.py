@@ -145,6 +145,12 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.stop()
+        if worker.failure is not None:
+            raise CommandError(
+                f"runworker stopped: {worker.failure}; its traceback is in the log above. "
+                "Its jobs were handed back (or, inside an effect, left to their leases). This "
+                "is a bug of feishu_inbox: please report it with that traceback."
+            )
         if worker.gave_up:
             raise CommandError(
                 f"runworker --burst gave up: the database was unreachable for "
