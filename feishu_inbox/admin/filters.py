@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ..conf import inbox_settings
-from ..ledger.kinds import KINDS, in_queue, of_kind
+from ..ledger.kinds import choices, in_queue, of_kind
 from ..models import BLOCKING, EventJob
 from ..runtime import registry
 from ..tasks import configured_queues
@@ -24,11 +24,11 @@ class KindFilter(admin.SimpleListFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return list(KINDS.items())
+        return list(choices().items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
         value = self.value()
-        return of_kind(queryset, value) if value is not None and value in KINDS else queryset
+        return of_kind(queryset, value) if value is not None and value in choices() else queryset
 
 
 class QueueFilter(admin.SimpleListFilter):

@@ -199,6 +199,18 @@ def enqueue(
     return result
 
 
+def enqueue_ranked(*, run_after: datetime | None, priority: int, **job: Any) -> EnqueueResult:
+    """``enqueue`` a job due at ``run_after`` (None: now) and ranked by ``priority`` among the
+    due heads (a django.tasks task's): one transaction, in the caller's if there is one. A
+    plain job (due now, priority 0) is one statement (PostgreSQL: one round trip)."""
+    if run_after is None and priority == 0:
+        return enqueue(**job)
+    with store().transaction():
+        stored = enqueue(**job)
+        store().defer_and_rank_new_job(stored.job_id, job["partition_key"], run_after, priority)
+    return stored
+
+
 # --- claim and lease expiry ----------------------------------------------------------------
 
 

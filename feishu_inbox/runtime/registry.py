@@ -1,5 +1,6 @@
-"""The handlers and job kinds a site registered: which function runs a job, with what retry
-policy, and what a failed attempt records.
+"""The handlers a site registered: which function runs a job, with what retry policy, timeout
+and limits, and what a failed attempt records (a job kind's say, ``ledger/kinds.py``, where
+the job has no handler of its own).
 
 Handler modules are found by autodiscovery (a ``feishu_handlers`` module in any installed app)
 and by ``FEISHU_INBOX["HANDLER_MODULES"]``. A leaf: it imports no model, so ``@handler`` can be
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
+from ..ledger.kinds import kind_of
 from ..ledger.limits import RateLimit
 from ..ledger.retry import RetryPolicy, own_policy, register_policy, site_policy
 
@@ -126,8 +127,7 @@ def timeout_for(event_type: str) -> float | None:
     its kind's (a django.tasks task's ``@timeout``)."""
     if event_type in _timeouts:
         return _timeouts[event_type]
-    kind = kind_of(event_type)
-    return kind.timeout(event_type) if kind else None
+    return kind_of(event_type).timeout(event_type)
 
 
 def registered() -> dict[str, Handler]:
@@ -136,60 +136,18 @@ def registered() -> dict[str, Handler]:
 
 def policy_for(event_type: str) -> RetryPolicy:
     """The retry policy of the handler for ``event_type`` (or of its kind), or the site's."""
-    kind = kind_of(event_type)
-    return own_policy(event_type) or (kind and kind.policy(event_type)) or site_policy()
-
-
-@dataclass(frozen=True)
-class JobKind:
-    """Jobs that are not Feishu events, run by one function for every event type that starts
-    with ``prefix`` (``task:``, the django.tasks tasks of ``tasks/``). ``policy`` gives an
-    event type's retry policy (None: the site's); ``describe_error`` what a failed attempt
-    records (error type, message) instead of the exception's class name and text."""
-
-    prefix: str
-    run: Handler
-    policy: Callable[[str], RetryPolicy | None]
-    describe_error: Callable[[BaseException], tuple[str, str]]
-    #: An event type's timeout in seconds (None: none).
-    timeout: Callable[[str], float | None] = lambda event_type: None
-
-
-_kinds: dict[str, JobKind] = {}
-#: Each event type's kind, once looked up (a worker asks two or three times a job); emptied
-#: when a kind is registered, and when it grows past ``_KNOWN_TYPES`` (types are few).
-_kind_of_type: dict[str, JobKind | None] = {}
-_KNOWN_TYPES = 10_000
-
-
-def register_kind(kind: JobKind) -> None:
-    _kinds[kind.prefix] = kind
-    _kind_of_type.clear()
-
-
-def kind_of(event_type: str) -> JobKind | None:
-    try:
-        return _kind_of_type[event_type]
-    except KeyError:
-        pass
-    found = next((k for p, k in _kinds.items() if event_type.startswith(p)), None)
-    if len(_kind_of_type) >= _KNOWN_TYPES:
-        _kind_of_type.clear()
-    _kind_of_type[event_type] = found
-    return found
+    return own_policy(event_type) or kind_of(event_type).policy(event_type) or site_policy()
 
 
 def handler_for(event_type: str, registered: dict[str, Handler]) -> Handler | None:
     """The function that runs a job of this type: its handler, else its kind's."""
-    kind = kind_of(event_type)
-    return registered.get(event_type) or (kind.run if kind else None)
+    return registered.get(event_type) or kind_of(event_type).run
 
 
 def describe_error(event_type: str, error: BaseException) -> tuple[str, str]:
     """(error type, message) a failed attempt records: the class name and text, unless the
     job's kind says otherwise (a task records the class's dotted path and the traceback)."""
-    kind = kind_of(event_type)
-    return kind.describe_error(error) if kind else (type(error).__name__, str(error))
+    return kind_of(event_type).describe_error(error)
 
 
 def problems() -> list[str]:

@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import InvalidState, LedgerError, ScheduleNotFound
-from ..ledger import rules as ledger
+from ..ledger import schedules as rows
+from ..ledger.schedules import Row
 from ..models import EventJob, Schedule
-from ..store import Row, store
 from . import Plan, ScheduleSpec, declared, plan
 
 log = logging.getLogger("feishu_inbox.schedules")
@@ -83,7 +83,7 @@ def tick(
     ``now`` is the database's clock unless given (tests inject a clock; a worker never does).
     """
     chosen = list(declared().values() if specs is None else specs)
-    now = store().now() if now is None else now
+    now = rows.now() if now is None else now
     if not chosen:
         return TickResult(now)
     states = _states([s.name for s in chosen], now)
@@ -119,9 +119,7 @@ def tick(
 
 
 def _states(names: list[str], now: datetime) -> dict[str, Row]:
-    # A new schedule starts at a whole second: occurrences are whole seconds, and a watermark
-    # written by a worker compares equal to the same value read back (compare-and-set).
-    return {r["name"]: r for r in store().schedule_states(names, now.replace(microsecond=0))}
+    return rows.states(names, now)
 
 
 def _fire(
@@ -129,32 +127,28 @@ def _fire(
 ) -> list[int] | None:
     """Move the watermark and enqueue the planned occurrences, in one transaction; None when
     another worker moved the watermark first (or the schedule was paused meanwhile)."""
-    ledger_store = store()
-    with ledger_store.transaction():
-        if not ledger_store.advance_schedule(spec.name, old=old, new=planned.watermark, now=now):
-            return None
-        job_ids = []
-        for occurrence in planned.occurrences:
-            payload = _payload(spec, occurrence, planned.trigger, worker_id)
-            if planned.missed_until is not None:  # a catch-up: which gap it stands for
-                payload.update(
-                    catch_up=spec.catch_up,
-                    missed_since=iso(old),
-                    missed_until=iso(planned.missed_until),
-                )
-            stored = _enqueue(spec, dedupe_key(spec.name, occurrence), payload)
-            if stored.created:
-                job_ids.append(stored.job_id)
-            else:  # the watermark says it was never enqueued: this should not happen
-                log.warning(
-                    "schedule %s: occurrence %s was already stored as job %s",
-                    spec.name,
-                    iso(occurrence),
-                    stored.job_id,
-                )
-        if job_ids:
-            ledger_store.record_schedule_job(spec.name, job_ids[-1], now)
-    return job_ids
+    jobs = []
+    for occurrence in planned.occurrences:
+        payload = _payload(spec, occurrence, planned.trigger, worker_id)
+        if planned.missed_until is not None:  # a catch-up: which gap it stands for
+            payload.update(
+                catch_up=spec.catch_up,
+                missed_since=iso(old),
+                missed_until=iso(planned.missed_until),
+            )
+        jobs.append(_job(spec, dedupe_key(spec.name, occurrence), payload))
+    stored = rows.advance(spec.name, old=old, new=planned.watermark, now=now, jobs=jobs)
+    if stored is None:
+        return None
+    for occurrence, one in zip(planned.occurrences, stored, strict=True):
+        if not one.created:  # the watermark says it was never enqueued: this should not happen
+            log.warning(
+                "schedule %s: occurrence %s was already stored as job %s",
+                spec.name,
+                iso(occurrence),
+                one.job_id,
+            )
+    return [one.job_id for one in stored if one.created]
 
 
 def _payload(spec: ScheduleSpec, occurrence: datetime, trigger: str, by: str) -> dict[str, Any]:
@@ -168,14 +162,8 @@ def _payload(spec: ScheduleSpec, occurrence: datetime, trigger: str, by: str) ->
     }
 
 
-def _enqueue(spec: ScheduleSpec, key: str, payload: dict[str, Any]) -> ledger.EnqueueResult:
-    return ledger.enqueue(
-        event_id=key,
-        event_type=spec.event_type,
-        partition_key=spec.partition,
-        payload=payload,
-        dedupe_key=key,
-    )
+def _job(spec: ScheduleSpec, key: str, payload: dict[str, Any]) -> rows.Occurrence:
+    return rows.Occurrence(key, spec.event_type, spec.partition, payload)
 
 
 # --- operators -------------------------------------------------------------------------------
@@ -214,11 +202,11 @@ def _set_paused(names: Iterable[str], *, paused: bool) -> ScheduleOutcome:
     outcome = ScheduleOutcome()
     present = [n for n in wanted if n in known]
     if present:
-        _states(present, store().now())  # a schedule nothing looked at yet gets its row
+        _states(present, rows.now())  # a schedule nothing looked at yet gets its row
     for name in wanted:
         if name not in known:
             outcome.refused[name] = _not_declared(name, doing)
-        elif store().set_schedule_paused(name, paused):
+        elif rows.set_paused(name, paused):
             outcome.done.append(name)
         else:
             outcome.refused[name] = InvalidState(
@@ -238,14 +226,12 @@ def run_now(names: Iterable[str], *, by: str = "") -> ScheduleOutcome:
         if spec is None:
             outcome.refused[name] = _not_declared(name, "run")
             continue
-        ledger_store = store()
-        with ledger_store.transaction():
-            now = ledger_store.now()
-            _states([name], now)
+
+        def job_at(now: datetime, spec: ScheduleSpec = spec, name: str = name) -> rows.Occurrence:
             payload = {**_payload(spec, now, RUN_NOW, ""), "requested_by": by}
-            stored = _enqueue(spec, f"schedule:{name}:{RUN_NOW}:{now.isoformat()}", payload)
-            if stored.created:
-                ledger_store.record_schedule_job(name, stored.job_id, now)
+            return _job(spec, f"schedule:{name}:{RUN_NOW}:{now.isoformat()}", payload)
+
+        stored = rows.enqueue_now(name, job_at)
         if stored.created:
             outcome.done.append(name)
             outcome.job_ids[name] = stored.job_id
@@ -311,7 +297,7 @@ def ensure_rows() -> None:
     """Give every declared schedule its row (its watermark starts when first seen)."""
     names = list(declared())
     if names:
-        _states(names, store().now())
+        _states(names, rows.now())
 
 
 def overview() -> list[ScheduleView]:

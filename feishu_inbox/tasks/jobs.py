@@ -16,21 +16,20 @@ admin and operator actions as a Feishu event:
 
 Nothing here imports the framework, the models or the store at import time: the backend is
 made when a task module is imported (``@task`` validates), perhaps before the apps are ready;
-and the worker registers this kind whether the site uses tasks or not.
+and the app registers this kind whether the site uses tasks or not.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, LedgerError
-from ..ledger.kinds import TASK_PREFIX, queue_prefix
+from ..ledger.kinds import TASK_PREFIX, JobKind, queue_prefix
 from ..ledger.retry import RetryPolicy
-from ..runtime import context, registry, steps
+from ..runtime import context, steps
 from ..task_jobs import (
     HandedBack,
     LeaseExpired,
@@ -77,24 +76,17 @@ def enqueue(
     if the caller commits, and PostgreSQL's NOTIFY is delivered at that commit). Returns the
     job's id and the receipt time the ledger keeps (one round trip for a plain task)."""
     from ..ledger import rules as ledger
-    from ..store import store
 
-    key = partition_key(queue, ordering_key, result_id)
-    # One statement needs no transaction of its own (PostgreSQL: one round trip); a deferred
-    # or prioritised task's three statements do.
-    shaped = run_after is not None or priority != 0
-    with store().transaction() if shaped else nullcontext():
-        stored = ledger.enqueue(
-            event_id=result_id,
-            event_type=PREFIX + task_path,
-            partition_key=key,
-            payload=payload,
-            app=APP,
-            max_attempts=max_attempts,
-        )
-        if shaped:
-            store().defer_and_rank_new_job(stored.job_id, key, run_after, priority)
-    return stored
+    return ledger.enqueue_ranked(
+        run_after=run_after,
+        priority=priority,
+        event_id=result_id,
+        event_type=PREFIX + task_path,
+        partition_key=partition_key(queue, ordering_key, result_id),
+        payload=payload,
+        app=APP,
+        max_attempts=max_attempts,
+    )
 
 
 # --- running a task (the kind's handler, called by the worker) ------------------------------
@@ -243,7 +235,16 @@ def describe_error(error: BaseException) -> tuple[str, str]:
     return f"{cls.__module__}.{cls.__qualname__}"[:128], text
 
 
-registry.register_kind(registry.JobKind(PREFIX, run, policy, describe_error, timeout))
+#: django.tasks tasks, as a kind of job (registered in ``AppConfig.ready``).
+TASK_KIND = JobKind(
+    "task",
+    "django.tasks tasks",
+    PREFIX,
+    run=run,
+    policy=policy,
+    timeout=timeout,
+    describe_error=describe_error,
+)
 
 
 # --- reading a result ---------------------------------------------------------------------------

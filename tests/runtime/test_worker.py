@@ -92,6 +92,29 @@ def test_sigterm_hands_back_a_job_that_started_no_effect(workers: Workers) -> No
     assert len(workers.lines("effect", "d")) == 1  # nothing lost, nothing duplicated
 
 
+def test_a_worker_whose_heartbeat_thread_dies_stops_and_hands_its_jobs_back(
+    workers: Workers,
+) -> None:
+    """A bug kills the heartbeat thread inside a live worker: nothing would renew its leases
+    any more. The worker must not claim on as if nothing happened: it logs the thread's
+    traceback, hands its running job back (no effect started: no attempt spent) before the
+    lease runs out, and exits non-zero. Another worker then runs the job once."""
+    job_id = enqueue("hb", ["break_heartbeat", "gate:hb", "effect"])
+    proc = workers.start("--lease-seconds", "10", "--grace-seconds", "60")
+    wait_for(lambda: workers.lines("start", "hb"), 30, "the handler to start")
+    assert proc.wait(60) == 1, workers.stderr(proc)
+    stderr = workers.stderr(proc)
+    assert "the worker's feishu-heartbeat thread died" in stderr
+    assert "Traceback" in stderr and "RuntimeError: a bug in the heartbeat" in stderr
+    assert "its feishu-heartbeat thread died" in stderr  # the command's own last word
+    row = job(job_id)
+    assert (row.status, row.attempt, row.lease_until) == ("queued", 0, None)
+    workers.open_gate("hb")
+    assert workers.start("--burst").wait(60) == 0
+    assert job(job_id).status == "completed"
+    assert len(workers.lines("effect", "hb")) == 1
+
+
 def test_second_signal_exits_at_once(workers: Workers) -> None:
     enqueue("e", ["gate:e"])
     proc = workers.start("--grace-seconds", "60")

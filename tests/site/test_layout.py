@@ -41,10 +41,18 @@ SIDEWAYS = {
 }
 
 
-def modules() -> dict[str, Path]:
+#: Who may import ``store``: the ledger (the store's only client), and the wiring that sets it
+#: up (the app config prepares each connection; the checks ask whether the database is one
+#: we run on). Migrations load the stored functions, and are not read here.
+STORE_USERS = {"ledger", "apps", "checks"}
+#: The longest module of the package, in lines: a room that outgrows it needs rooms of its own.
+MAX_MODULE_LINES = 600
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
         if parts[0] == "migrations":
             continue
         name = ".".join(("feishu_inbox", *parts))
@@ -91,8 +99,8 @@ def resolve(target: str, names: list[str], known: dict[str, Path]) -> list[str]:
     return reached or [target]
 
 
-def test_folders_import_downward_only() -> None:
-    known = modules()
+def wrong_way(known: dict[str, Path]) -> list[str]:
+    """Imports against the layering (a folder importing a higher one, or sideways)."""
     wrong = []
     for name, path in known.items():
         here = folder(name)
@@ -110,25 +118,34 @@ def test_folders_import_downward_only() -> None:
                         LAYERS[there] < LAYERS[here] or (here, there) in SIDEWAYS
                     )
                 if not allowed:
-                    wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {reached}")
-    assert wrong == [], "imports against the layering:\n" + "\n".join(wrong)
+                    wrong.append(f"{path.name}:{line} ({name}) imports {reached}")
+    return wrong
 
 
-def test_no_module_takes_another_modules_private_names() -> None:
-    known = modules()
-    wrong = [
-        f"{path.relative_to(PACKAGE.parent)}:{line} takes {target}.{n}"
+def store_reaches(known: dict[str, Path]) -> list[str]:
+    """Imports of ``store`` from outside the ledger: every transition goes through the ledger."""
+    return [
+        f"{path.name}:{line} ({name}) imports {reached}"
+        for name, path in known.items()
+        if folder(name) not in STORE_USERS | {"store"}
+        for target, names, line, _ in imports(name, path)
+        for reached in resolve(target, names, known)
+        if folder(reached) == "store"
+    ]
+
+
+def private_reaches(known: dict[str, Path]) -> list[str]:
+    return [
+        f"{path.name}:{line} ({name}) takes {target}.{n}"
         for name, path in known.items()
         for target, names, line, _ in imports(name, path)
         for n in names
         if n.startswith("_") and target != name
     ]
-    assert wrong == [], "\n".join(wrong)
 
 
-def test_no_import_loops() -> None:
+def loops(known: dict[str, Path]) -> list[str]:
     """Imports inside functions count too: a loop broken by a late import is still a loop."""
-    known = modules()
     graph = {
         name: {
             reached
@@ -150,7 +167,73 @@ def test_no_import_loops() -> None:
                 elif nxt not in seen:
                     seen.add(nxt)
                     stack.append((nxt, [*trail, nxt]))
-    assert cycles == [], "import loops:\n" + "\n".join(sorted(set(cycles)))
+    return sorted(set(cycles))
+
+
+def test_folders_import_downward_only() -> None:
+    wrong = wrong_way(modules())
+    assert wrong == [], "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_only_the_ledger_imports_the_store() -> None:
+    wrong = store_reaches(modules())
+    assert wrong == [], "go through a ledger function instead:\n" + "\n".join(wrong)
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    wrong = private_reaches(modules())
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_import_loops() -> None:
+    cycles = loops(modules())
+    assert cycles == [], "import loops:\n" + "\n".join(cycles)
+
+
+def test_no_module_outgrows_its_room() -> None:
+    long = {
+        str(path.relative_to(PACKAGE.parent)): n
+        for path in modules().values()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: split them by concern"
+
+
+#: A package that breaks each rule once (the rules are proven to catch what they exist for).
+BROKEN = {
+    "__init__.py": "",
+    "errors.py": "",
+    "store/__init__.py": "",
+    "ledger/__init__.py": "from ..runtime import worker\n",  # upward
+    "ledger/rules.py": "from ..store import store\n",  # the ledger may
+    "runtime/__init__.py": "",
+    "runtime/worker.py": "from ..store import store\nfrom . import loop_a\n",
+    "runtime/loop_a.py": "def f():\n    from . import loop_b\n",  # a late import still loops
+    "runtime/loop_b.py": "from .worker import _private\nfrom . import loop_a\n",
+}
+
+
+def test_the_rules_catch_a_wrong_way_import_a_store_reach_a_private_name_and_a_loop(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "feishu_inbox"
+    for relative, text in BROKEN.items():
+        (package / relative).parent.mkdir(parents=True, exist_ok=True)
+        (package / relative).write_text(text, encoding="utf-8")
+    known = modules(package)
+    assert wrong_way(known) == [
+        "__init__.py:1 (feishu_inbox.ledger) imports feishu_inbox.runtime.worker"
+    ]
+    assert store_reaches(known) == [
+        "worker.py:1 (feishu_inbox.runtime.worker) imports feishu_inbox.store"
+    ]
+    assert private_reaches(known) == [
+        "loop_b.py:1 (feishu_inbox.runtime.loop_b) takes feishu_inbox.runtime.worker._private"
+    ]
+    assert (
+        "feishu_inbox.runtime.loop_a -> feishu_inbox.runtime.loop_b -> feishu_inbox.runtime.loop_a"
+        in loops(known)
+    )
 
 
 @pytest.mark.parametrize("capability", sorted(LAYERS))

@@ -100,6 +100,13 @@ def steps(event: Event) -> None:
             feishu_inbox.step(arg, lambda arg=arg: _ran(event, arg, fail=event.attempt == 1))
         elif kind == "step_gate":  # a step that waits for the gate of its name, inside
             feishu_inbox.step(arg, lambda arg=arg: _ran(event, arg, gate=arg))
+        elif kind == "break_heartbeat":  # a bug in this worker's heartbeat: its next renewal
+            from feishu_inbox.ledger import rules  # raises what nothing there expects
+
+            def renew(*args: object, **kwargs: object) -> None:
+                raise RuntimeError("a bug in the heartbeat")
+
+            rules.renew = renew  # type: ignore[assignment]
         elif kind == "os_exit":
             record("dying", event.event_id, pid)
             os._exit(3)

@@ -18,7 +18,7 @@ from feishu_inbox.errors import ConfigurationError, InboxError, JobNotFound, Led
 from feishu_inbox.feishu import deliveries
 from feishu_inbox.ledger import buckets, connections, pauses
 from feishu_inbox.ledger import workers as worker_beats
-from feishu_inbox.ledger.kinds import KINDS, in_queue, of_kind
+from feishu_inbox.ledger.kinds import choices, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
@@ -99,7 +99,12 @@ class Command(BaseCommand):
         lst = sub.add_parser("list", help="List jobs, newest first.")
         lst.add_argument("--status", choices=[s.value for s in Status])
         lst.add_argument("--partition")
-        lst.add_argument("--kind", choices=sorted(KINDS), help="events, schedules or tasks")
+        lst.add_argument(
+            "--kind",
+            choices=sorted(choices()),
+            help="the jobs of one kind: "
+            + ", ".join(f"{name} ({label})" for name, label in choices().items()),
+        )
         lst.add_argument("--queue", help="django.tasks tasks of this queue")
         lst.add_argument("--limit", type=int, default=50)
         lst.add_argument("--json", action="store_true")

@@ -27,7 +27,6 @@ from feishu_inbox.ledger.rules import KeyFilter
 from feishu_inbox.runtime import registry
 from feishu_inbox.runtime.worker import Services, Worker, WorkerOptions
 from feishu_inbox.schedules import scheduler
-from feishu_inbox.tasks import jobs as _task_kind  # noqa: F401  (registers the task job kind)
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"

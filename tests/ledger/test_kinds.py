@@ -1,0 +1,74 @@
+"""The kinds of job in one open registry: the built-in kinds are registered when the app is
+ready, and a kind registered later is read by the worker, the admin's filter and the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from feishu_inbox import ledger
+from feishu_inbox.admin.filters import KindFilter
+from feishu_inbox.ledger import kinds
+from feishu_inbox.models import EventJob
+from feishu_inbox.runtime import registry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def webhooks() -> Iterator[kinds.JobKind]:
+    """A kind as a capability adds one: its jobs all run one function."""
+    ran: list[str] = []
+    kind = kinds.JobKind(
+        "webhook",
+        "outbound webhook deliveries",
+        "webhook:",
+        run=lambda event: ran.append(event.event_id),
+        timeout=lambda event_type: 15.0,
+        describe_error=lambda error: ("DeliveryFailed", str(error)),
+    )
+    kinds.register(kind)
+    yield kind
+    kinds.unregister("webhook")
+
+
+def test_the_built_in_kinds_are_registered_when_the_app_is_ready() -> None:
+    assert kinds.choices() == {
+        "event": "Feishu events",
+        "schedule": "schedule occurrences",
+        "task": "django.tasks tasks",
+    }
+    assert kinds.kind_of("im.message.receive_v1").name == "event"
+    assert kinds.kind_of("schedule.nightly").name == "schedule"
+    assert kinds.kind_of("task:app.tasks.send").name == "task"
+
+
+def test_a_registered_kind_is_what_the_worker_runs_and_the_admin_and_cli_offer(
+    webhooks: kinds.JobKind, rf: object
+) -> None:
+    for event_id, event_type in [("e1", "im.message.receive_v1"), ("w1", "webhook:orders")]:
+        ledger.enqueue(event_id=event_id, event_type=event_type, partition_key=event_id, payload={})
+    assert registry.handler_for("webhook:orders", {}) is webhooks.run
+    assert registry.timeout_for("webhook:orders") == 15.0
+    assert registry.describe_error("webhook:orders", ValueError("410")) == (
+        "DeliveryFailed",
+        "410",
+    )
+    jobs = EventJob.objects.all()
+    assert [j.event_id for j in kinds.of_kind(jobs, "webhook")] == ["w1"]
+    assert [j.event_id for j in kinds.of_kind(jobs, "event")] == ["e1"]  # no longer its own
+    assert ("webhook", "outbound webhook deliveries") in KindFilter.lookups(
+        KindFilter.__new__(KindFilter), None, None  # type: ignore[arg-type]
+    )
+    out = StringIO()
+    call_command("inbox", "list", "--kind", "webhook", stdout=out, stderr=StringIO())
+    assert "w1" in out.getvalue() and "e1" not in out.getvalue()
+
+
+def test_two_kinds_cannot_claim_one_prefix(webhooks: kinds.JobKind) -> None:
+    with pytest.raises(ValueError, match="has the prefix 'webhook:' of kind 'webhook'"):
+        kinds.register(kinds.JobKind("hooks", "hooks", "webhook:"))
+    assert "hooks" not in kinds.choices()
