@@ -241,6 +241,9 @@ class InboxError(Exception):
 
 class ConfigurationError(InboxError):
     code = "configuration"
+    #: A job that meets it fails at once, its code and fix recorded (runtime/attempts.py): a
+    #: worker reads its settings when it starts, so running the job again cannot heal it.
+    final = True
 
 
 class ScheduleConfigurationError(ConfigurationError):

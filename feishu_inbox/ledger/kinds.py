@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db.models import QuerySet
 
+from ..errors import InboxError
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ def _no_timeout(event_type: str) -> float | None:
 
 
 def _class_and_text(error: BaseException) -> tuple[str, str]:
-    return type(error).__name__, str(error)
+    """The exception's class name and text; ours with their code and fix (``[code] … — fix``),
+    as the admin and the CLI show every refusal."""
+    return type(error).__name__, error.described() if isinstance(error, InboxError) else str(error)
 
 
 @dataclass(frozen=True)

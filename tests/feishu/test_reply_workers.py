@@ -61,6 +61,28 @@ def enqueue_message(fake: FakeFeishu, n: int, chat: str, **payload: object) -> i
     ).job_id
 
 
+def test_a_reply_from_an_app_without_credentials_fails_at_once_with_its_fix(
+    workers: Workers,
+) -> None:
+    """A handler replies for an app whose App ID and Secret are not set: a worker reads its
+    settings when it starts, so no retry can heal it. The job fails on its first attempt, its
+    code and fix recorded for the operator, instead of spending its retries (a traceback each
+    time) while its chat waits."""
+    job_id = ledger.enqueue(
+        event_id="m-nocreds",
+        event_type="test.reply",
+        partition_key="oc_nocreds",
+        payload={"event": {"message": {"message_id": "om_1", "chat_id": "oc_1"}}, "text": "hi"},
+    ).job_id
+    env = {"FEISHU_APP_ID": "", "FEISHU_APP_SECRET": "", "FEISHU_INBOX_MAX_ATTEMPTS": "5"}
+    assert workers.start("--burst", **env).wait(60) == 0
+    row = EventJob.objects.get(pk=job_id)
+    assert (row.status, row.attempt, row.error_type) == ("failed", 1, "ConfigurationError")
+    assert row.error_message.startswith("[configuration] Feishu app 'default' has no APP_ID")
+    assert "Credentials page" in row.error_message  # the fix
+    assert not row.side_effect_started
+
+
 def test_replies_through_killed_workers_each_go_out_once_in_order(
     workers: Workers, fake: FakeFeishu
 ) -> None:

@@ -61,7 +61,9 @@ def test_a_registered_kind_is_what_the_worker_runs_and_the_admin_and_cli_offer(
     assert [j.event_id for j in kinds.of_kind(jobs, "webhook")] == ["w1"]
     assert [j.event_id for j in kinds.of_kind(jobs, "event")] == ["e1"]  # no longer its own
     assert ("webhook", "outbound webhook deliveries") in KindFilter.lookups(
-        KindFilter.__new__(KindFilter), None, None  # type: ignore[arg-type]
+        KindFilter.__new__(KindFilter),
+        None,
+        None,  # type: ignore[arg-type]
     )
     out = StringIO()
     call_command("inbox", "list", "--kind", "webhook", stdout=out, stderr=StringIO())
