@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.util import find_spec
 from typing import Any
 
 from django.conf import settings
@@ -11,6 +10,7 @@ from django.db import connections
 
 from .conf import APP_KEYS, inbox_settings, unknown_keys
 from .errors import ConfigurationError
+from .extras import EXTRAS, installed
 from .store import store_for
 
 
@@ -127,12 +127,12 @@ def check_openapi_credentials(app_configs: Any = None, **kwargs: Any) -> list[Ch
             )
         elif has_id:
             replying.append(name)
-    if replying and find_spec("lark_oapi") is None:
+    if replying and not installed("openapi"):
         messages.append(
             Error(
                 "Open API credentials are set for Feishu app "
                 f"{', '.join(map(repr, replying))}, but Feishu's SDK (lark-oapi) is not installed.",
-                hint="pip install lark-oapi (the openapi extra).",
+                hint=EXTRAS["openapi"].pip + ".",
                 id="feishu_inbox.E005",
             )
         )
@@ -186,12 +186,12 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     for alias, params in sorted(getattr(settings, "TASKS", {}).items()):
         if params.get("BACKEND") != BACKEND:
             continue
-        if find_spec("django.tasks") is None and find_spec("django_tasks") is None:
+        if not installed("tasks"):
             messages.append(
                 Error(
                     f"Task backend {alias!r} is feishu_inbox.tasks.LedgerBackend, but neither "
                     "django.tasks (Django 6) nor the django-tasks backport is installed.",
-                    hint="pip install django-tasks (the tasks extra), or upgrade to Django 6.",
+                    hint=EXTRAS["tasks"].pip + ", or upgrade to Django 6.",
                     id="feishu_inbox.E008",
                 )
             )

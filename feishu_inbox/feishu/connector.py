@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import InboxSettings
+from ..extras import require
 from ..ledger import connections as rows
 from .connection import Connection, ConnectionRefused, Status
 
@@ -46,6 +47,8 @@ class Connector:
         *,
         health: tuple[str, int] | None = None,
     ) -> None:
+        # Without websockets every connection would be "lost" and retried for ever.
+        require("connect", "The long connection (manage.py feishu_connect)")
         self.conf = conf
         self.health = health
         self.host, self.pid = socket.gethostname(), os.getpid()

@@ -104,8 +104,17 @@ def message(
     private: bool = False,
 ) -> tuple[bytes, dict[str, str]]:
     """A text message event for ``app``, as Feishu would deliver it."""
+    return delivery(app, app_message_event(app, text=text, chat_id=chat_id, private=private))
+
+
+def app_message_event(
+    app: str = "default",
+    *,
+    text: str = "hello",
+    chat_id: str = "oc_test_chat",
+    private: bool = False,
+) -> dict[str, Any]:
+    """The envelope ``message()`` delivers (its ``header.event_id`` names the stored job)."""
     token = (checked_settings().APPS.get(app) or {}).get("VERIFICATION_TOKEN") or ""
     app_id = (checked_settings().APPS.get(app) or {}).get("APP_ID") or ""
-    return delivery(
-        app, message_event(token=token, text=text, chat_id=chat_id, private=private, app_id=app_id)
-    )
+    return message_event(token=token, text=text, chat_id=chat_id, private=private, app_id=app_id)

@@ -47,6 +47,9 @@ def test_a_test_event_reaches_the_webhook_and_is_stored(server: str) -> None:
         )
     assert "200" in out.getvalue() and '"duplicate": false' in out.getvalue()
     [job] = EventJob.objects.filter(event_type="im.message.receive_v1")
+    # The job it made, as docs/operating.md says.
+    assert f"event {job.event_id} stored as job {job.pk} (queued)" in out.getvalue()
+    assert f"manage.py inbox show {job.pk}" in out.getvalue()
     message = job.payload["event"]["message"]
     assert message["content"] == '{"text": "ping"}' and message["chat_type"] == "p2p"
     assert job.private_message and job.partition_key.startswith("default:")
@@ -74,8 +77,9 @@ def test_a_refusal_and_an_absent_server_are_clear_errors(server: str) -> None:
         call_command("inbox", "send-test-event", "--url", server)
     assert not EventJob.objects.exists()
     dead = f"http://127.0.0.1:{free_port()}/feishu/events/"
-    with with_secrets(), pytest.raises(CommandError, match=r"Could not reach .*make demo"):
+    with with_secrets(), pytest.raises(CommandError, match=r"Could not reach .*make demo") as no:
         call_command("inbox", "send-test-event", "--url", dead)
+    assert "--url names another server's webhook" in str(no.value)
     with with_secrets(), pytest.raises(CommandError, match="http:// or https://"):
         call_command("inbox", "send-test-event", "--url", "file:///etc/passwd")
     with pytest.raises(CommandError, match="No Feishu app 'nope'"):

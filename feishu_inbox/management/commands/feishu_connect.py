@@ -61,7 +61,11 @@ class Command(BaseCommand):
         if port is not None and not 0 < port < 65536:
             raise CommandError(f"--health-port {port}: a port is 1 to 65535.")
         health = (options["health_host"], port) if port is not None else None
-        code = Connector(apps, conf, health=health).run()
+        try:
+            connector = Connector(apps, conf, health=health)
+        except ConfigurationError as exc:  # the connect extra is missing
+            raise CommandError(exc.described()) from exc
+        code = connector.run()
         if code:
             sys.exit(code)
 

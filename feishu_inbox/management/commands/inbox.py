@@ -298,12 +298,13 @@ class Command(BaseCommand):
         import urllib.request
 
         try:
-            body, headers = deliveries.message(
+            envelope = deliveries.app_message_event(
                 options["app"],
                 text=options["text"],
                 chat_id=options["chat"],
                 private=options["private"],
             )
+            body, headers = deliveries.delivery(options["app"], envelope)
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         url = options["url"]
@@ -318,11 +319,23 @@ class Command(BaseCommand):
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CommandError(
-                f"Could not reach {url}: {reason}. Is the webhook served there (make demo)?"
+                f"Could not reach {url}: {reason}. Is the webhook served there (make demo)? "
+                "--url names another server's webhook."
             ) from exc
         if status != 200:
             raise CommandError(f"The webhook at {url} answered {status}: {text.strip()}")
         self.stdout.write(f"delivered to {url}: {status} {text.strip()}")
+        event_id = envelope["header"]["event_id"]
+        job = EventJob.objects.filter(app=options["app"], event_id=event_id).first()
+        if job is None:
+            self.stdout.write(
+                f"event {event_id} is not in this site's ledger: the server at {url} stores "
+                "into another database."
+            )
+            return
+        self.stdout.write(
+            f"event {event_id} stored as job {job.pk} ({job.status}): manage.py inbox show {job.pk}"
+        )
 
     def do_workers(self, options: dict[str, Any]) -> None:
         found = worker_beats.workers()

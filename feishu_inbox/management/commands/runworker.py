@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from feishu_inbox import monitoring, schedules
 from feishu_inbox.errors import ConfigurationError
+from feishu_inbox.extras import require
 from feishu_inbox.feishu import openapi
 from feishu_inbox.ledger.kinds import queue_prefix
 from feishu_inbox.ledger.rules import KeyFilter
@@ -171,9 +172,12 @@ class Command(BaseCommand):
         if not 0 <= port <= 65535:
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
         if not monitoring.available():
-            raise CommandError(
-                "--metrics-port needs prometheus-client (the metrics extra): "
-                "pip install prometheus-client."
+            try:
+                require("metrics", "--metrics-port")
+            except ConfigurationError as exc:
+                raise CommandError(exc.described()) from exc
+            raise CommandError(  # installed, but FEISHU_INBOX_METRICS=off
+                "--metrics-port: metrics are off (FEISHU_INBOX_METRICS in the environment)."
             )
         try:
             server = monitoring.serve(options["metrics_host"], port, worker.health)
