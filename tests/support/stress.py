@@ -70,7 +70,9 @@ def hog() -> Iterator[None]:
     """The hog, in a session of its own (so it is stopped as a whole) for the ``with`` block."""
     command = hog_command()
     print(f"== hog: {' '.join(command[:6])}{' …' if len(command) > 6 else ''}", flush=True)
-    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         yield
     finally:
