@@ -5,8 +5,11 @@
 #
 # Needs make and a Python >= 3.10 that can create virtual environments (Debian/Ubuntu:
 # apt-get install make python3-venv). PYTHON chooses it: make test PYTHON=python3.12.
-# make test also needs PostgreSQL (PG_URL), Chromium (CHROMIUM) for the browser tests and
-# Prometheus (PROMETHEUS: Debian's prometheus package, with promtool) for the metrics tests.
+# make test also needs PostgreSQL (PG_URL, and the server's binaries), Chromium (CHROMIUM) for
+# the browser tests and Prometheus (PROMETHEUS: Debian's prometheus package, with promtool) for
+# the metrics tests: `make setup` (run by make test) installs what is missing with apt-get when
+# it runs as root, otherwise it prints the one command that does.
+#   make test-stress N=5   the suites N times while a CPU hog takes every cycle they leave
 PYTHON ?= python3
 VENV ?= .venv
 CHROMIUM ?= /usr/bin/chromium
@@ -17,7 +20,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo docs bytecode test test-fast lint test-sqlite test-postgres test-postgres-outages test-all chromium prometheus clean
+.PHONY: demo docs bytecode setup postgres test test-fast test-stress lint test-sqlite test-postgres test-postgres-outages test-all clean
 
 # The virtual environment, with the demo's extra only (`make demo`: a fraction of the
 # development tools' size), or with everything the tests and the linters need (`.installed`).
@@ -71,43 +74,81 @@ TEST_PROCESSES ?= 2
 bytecode: $(VENV)/.installed
 	@$(PY) -m compileall -q -j 0 feishu_inbox project tests
 
+# JUNIT_DIR (make test-stress sets it per round): each suite writes its JUnit XML there.
+junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
+
 test-sqlite: $(VENV)/.installed bytecode
-	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(call junit,sqlite) $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
 # The suite creates and drops its own test databases. The tests marked any_database use no
 # test database (the SQLite suite runs them). Exit 5 is "no test selected" (a PYTEST_ARGS
 # selection without any of them).
 test-postgres: $(VENV)/.installed bytecode
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database" $(PYTEST_ARGS) || [ $$? = 5 ]
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database" $(call junit,postgres) $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The tests that stop the whole cluster (a restart under load) run on a throwaway cluster of
 # their own (initdb on a free port; needs the server's binaries, which a PostgreSQL install
 # has), in one process, beside everything else: stopping it fails no other test.
 test-postgres-outages: $(VENV)/.installed bytecode
-	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(PY) -m pytest -m stops_postgres $(PYTEST_ARGS) || [ $$? = 5 ]
+	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(PY) -m pytest -m stops_postgres $(call junit,postgres-outages) $(PYTEST_ARGS) || [ $$? = 5 ]
 
-# The browser tests fail without Chromium (they never skip): say so before a 3-minute run.
-chromium:
-	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
-	  echo "make test: no Chromium at $(CHROMIUM) for the browser tests. Debian/Ubuntu: apt-get install chromium (or CHROMIUM=/path/to/chromium)"; exit 1; }
+# What the suites need beyond Python, as COMMAND=PACKAGE (Debian/Ubuntu): Chromium for the
+# browser tests and Prometheus with promtool for the metrics tests (they never skip: a run
+# without them fails), the PostgreSQL server's binaries (the tests that stop PostgreSQL run a
+# throwaway cluster of their own) and its client's pg_isready. make test-stress adds stress-ng.
+SETUP_NEEDS = $(CHROMIUM)=chromium $(PROMETHEUS)=prometheus promtool=prometheus \
+  initdb=postgresql pg_isready=postgresql-client
+# A command is there if it is on PATH, or (initdb, pg_ctl) in Debian's PostgreSQL bindir.
+have = command -v "$$1" >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/"$$1" >/dev/null 2>&1
 
-# The metrics tests scrape a real worker with a real Prometheus (they never skip either).
-prometheus:
-	@command -v $(PROMETHEUS) >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
-	  echo "make test: no Prometheus at $(PROMETHEUS) (or no promtool) for the metrics tests. Debian/Ubuntu: apt-get install prometheus"; exit 1; }
+# Installs what is missing with apt-get (the package lists updated once, first) when it runs as
+# root, as CI and a fresh container do; otherwise says the one command that installs it all.
+setup:
+	@have() { $(have); }; missing=""; \
+	for need in $(SETUP_NEEDS); do have "$${need%%=*}" || missing="$$missing $${need#*=}"; done; \
+	missing=$$(printf '%s\n' $$missing | sort -u | tr '\n' ' '); \
+	[ -z "$${missing% }" ] && exit 0; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make $(or $(MAKECMDGOALS),test): missing $$missing; install it (Debian/Ubuntu): sudo apt-get update && sudo apt-get install -y $$missing"; exit 1; fi; \
+	echo "== make setup: apt-get install $$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	for need in $(SETUP_NEEDS); do have "$${need%%=*}" || { \
+	  echo "make setup: still no $${need%%=*} after installing $${need#*=} (a path of your own? CHROMIUM=/path/to/chromium, PROMETHEUS=…)"; exit 1; }; done
+
+# The PostgreSQL server at PG_URL: as root, a Debian cluster that is installed but not running
+# is started (as a fresh container's is); a server that still does not answer fails here, not
+# three minutes into the suite.
+postgres: setup
+	@pg_isready -q -d "$(PG_URL)" && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then \
+	  version=$$(ls /etc/postgresql | sort -V | tail -1); echo "== make postgres: pg_ctlcluster $$version main start"; \
+	  pg_ctlcluster --skip-systemctl-redirect "$$version" main start || true; \
+	  for _ in $$(seq 1 30); do pg_isready -q -d "$(PG_URL)" && exit 0; sleep 1; done; fi; \
+	echo "make test: no PostgreSQL answers at $(PG_URL) (user postgres, trust auth on 127.0.0.1; PG_URL=postgres://… to choose another)"; exit 1
 
 # The lint and the two suites run side by side: each suite spends most of its time waiting on
 # worker subprocesses, servers and the browser, so together they take about as long as the
 # longer one alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of
 # its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
-test: chromium prometheus $(VENV)/.installed
+test: setup postgres $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j4 --output-sync=target test-all
 
 test-all: lint test-sqlite test-postgres test-postgres-outages
+
+# The suites (the SQLite and PostgreSQL ones side by side, as make test runs them) N times back
+# to back while a CPU hog at nice 19 (stress-ng, else Python loops) takes every cycle they leave;
+# then every test that failed at least once, with its round and its failure's first lines
+# (tests/support/stress.py; each round's output in .stress/round-N.log). A subset:
+# make test-stress N=3 PYTEST_ARGS="tests/runtime tests/feishu".
+N ?= 1
+test-stress: SETUP_NEEDS += stress-ng=stress-ng
+test-stress: setup postgres $(VENV)/.installed bytecode
+	$(PY) -m tests.support.stress --rounds $(N) --out .stress -- \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-postgres-outages
 
 test-fast: $(VENV)/.installed
 	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(PY) -m pytest -x --failed-first -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles dist docs/_build
+	rm -rf $(VENV) .stress .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles dist docs/_build

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.test import override_settings
 
+from tests.support import processes
 from tests.support.fake_feishu import FakeFeishu
 from tests.support.worker_helpers import Workers
 
@@ -120,6 +121,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "marked any_database but uses the test database (remove the mark): " + ", ".join(wrong)
         )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failure says why without a rerun: the last lines of the log of every process (worker,
+    connector, server, Prometheus) and fake the test started, and the condition wait that the
+    per-test timeout cut, if any. After its teardown, what the test left running is killed
+    (SIGKILL: a process that ignores SIGTERM too) before the next test starts."""
+    report: pytest.TestReport = yield
+    if report.failed:
+        cut = processes.cut_wait()
+        if cut is not None:
+            report.sections.append(
+                (
+                    "the condition wait that was cut",
+                    f"waiting for {cut.what}, cut after {cut.cut_after:.1f}s of its own timeout "
+                    f"{cut.timeout}s; {processes.saw(cut)}",
+                )
+            )
+        for title, text in processes.started_logs():
+            report.sections.append((title, text))
+    if report.when == "teardown":
+        left = processes.end_started()
+        if left:
+            report.sections.append(("killed after the test", "still running: " + ", ".join(left)))
+    return report
 
 
 def is_postgres() -> bool:

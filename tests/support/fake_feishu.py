@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import fake_cardkit
+from tests.support import fake_cardkit, processes
 from tests.support.fake_cardkit import CardKit, card_entity
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
@@ -169,7 +169,13 @@ class FakeFeishu:
         )
         self._thread.daemon = True
         self._thread.start()
+        processes.started(f"fake Feishu Open API at {self.url}: its requests", self.journal)
         return self
+
+    def journal(self) -> str:
+        """The message requests it received, one a line (a failing test shows the last)."""
+        with self._lock:
+            return "\n".join(repr(request) for request in self.requests)
 
     def stop(self) -> None:
         if self._server:

@@ -42,6 +42,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from tests.support import processes
+
 DISCOVERY_PATH = "/callback/ws/endpoint"
 DEFAULT_CLIENT_CONFIG = {
     "ReconnectCount": -1,
@@ -146,7 +148,22 @@ class FakeLongConnection:
         t = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         t.start()
         self._threads.append(t)
+        processes.started(f"fake Feishu long connection at {self.url}", self.journal)
         return self
+
+    def journal(self) -> str:
+        """Its connections and the ACKs it received, in order (a failing test shows the last)."""
+        with self.lock:
+            conns = [
+                f"connection {c.id} of {c.app_id}: opened {c.opened_at:.2f}, closed "
+                f"{c.closed_at if c.closed_at is None else round(c.closed_at, 2)}, {c.pings} pings"
+                for c in self.conns
+            ]
+            acks = [
+                f"ack of {a.event_id} on connection {a.conn_id}: code {a.code}, {a.latency:.2f} s"
+                for a in self.acks
+            ]
+        return "\n".join(conns + acks)
 
     async def _open(self) -> None:
         self._server = await serve(

@@ -1,14 +1,18 @@
-"""Real processes for tests: the demo under gunicorn, ``manage.py runworker``; condition waits."""
+"""Real processes for tests: the demo under gunicorn, ``manage.py runworker``; condition waits;
+what the current test started, so that its failure shows their logs (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +21,137 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``condition`` until it is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(0.01)  # the polling interval of a condition wait, not synchronisation
+#: How many lines of each process's log a failure shows (the last ones).
+LOG_LINES = 60
+
+
+@dataclass
+class Waiting:
+    """The condition wait in progress on this thread: what for, since when, what it saw last."""
+
+    what: str
+    timeout: float
+    started: float
+    last: object = None
+    cut_after: float = 0.0
+
+
+_waiting = threading.local()
+
+
+def waiting_now() -> Waiting | None:
+    """The condition wait this thread is in, if any."""
+    return getattr(_waiting, "current", None)
+
+
+def wait_for(
+    condition: Callable[[], object],
+    timeout: float = 10.0,
+    what: str = "",
+    seen: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``condition`` until it is true; fail after ``timeout`` seconds, saying what it
+    waited for and what it saw last: ``seen()`` when given (read once, at the end), else the
+    condition's last value when that says more than False (a count, a status, a list)."""
+    now = time.monotonic()
+    waiting = Waiting(what or getattr(condition, "__qualname__", repr(condition)), timeout, now)
+    outer, _waiting.current = waiting_now(), waiting
+    try:
+        while not (value := condition()):
+            waiting.last = value
+            if time.monotonic() > now + timeout:
+                raise AssertionError(
+                    f"timed out after {timeout}s waiting for {waiting.what}; {saw(waiting, seen)}"
+                )
+            time.sleep(0.01)  # the polling interval of a condition wait, not synchronisation
+    except AssertionError:
+        raise
+    except BaseException:  # the per-test timeout (or Ctrl-C) cut the wait: its failure says so
+        waiting.cut_after = time.monotonic() - now
+        _waiting.cut = waiting
+        raise
+    finally:
+        _waiting.current = outer
+
+
+def cut_wait() -> Waiting | None:
+    """The condition wait that something other than its own timeout ended last (forgotten
+    once read), or None."""
+    waiting, _waiting.cut = getattr(_waiting, "cut", None), None
+    return waiting
+
+
+def saw(waiting: Waiting, seen: Callable[[], object] | None = None) -> str:
+    if seen is not None:
+        try:
+            last: object = seen()
+        except Exception as exc:  # the failure to say is the timeout, not this
+            last = f"(seen() raised {exc!r})"
+    else:
+        last = waiting.last
+    text = last if isinstance(last, str) else repr(last)
+    if len(text) > 2000:
+        text = text[:1000] + " … " + text[-1000:]
+    return f"saw last: {text}"
+
+
+@dataclass
+class Started:
+    """A process (or an in-process fake) the current test started, and how to read its log."""
+
+    name: str
+    read: Callable[[], str]
+    proc: Any = None  # a subprocess.Popen or preforked.Forked: killed after the test if alive
+
+
+_started: list[Started] = []
+
+
+def started(name: str, read: Callable[[], str], proc: Any = None) -> None:
+    """Register what the current test started: its failure shows the end of ``read()``, and a
+    ``proc`` still alive when the test's teardown is over is killed before the next test."""
+    _started.append(Started(name, read, proc))
+
+
+def log_file(path: Path) -> Callable[[], str]:
+    return lambda: path.read_text(errors="replace") if path.exists() else "(no log file)"
+
+
+def tail(text: str, lines: int = LOG_LINES) -> str:
+    kept = text.splitlines()
+    cut = f"[… {len(kept) - lines} earlier lines]\n" if len(kept) > lines else ""
+    return cut + "\n".join(kept[-lines:])
+
+
+def started_logs() -> list[tuple[str, str]]:
+    """(section title, the log's last lines) of each thing the current test started."""
+    sections = []
+    for each in _started:
+        try:
+            text = tail(each.read())
+        except Exception as exc:  # a log that cannot be read says so, it hides no other
+            text = f"(could not read it: {exc!r})"
+        state = ""
+        if each.proc is not None:
+            code = each.proc.poll()
+            state = f", pid {each.proc.pid}, " + ("running" if code is None else f"exit {code}")
+        sections.append((f"log of {each.name}{state} (last {LOG_LINES} lines)", text or "(empty)"))
+    return sections
+
+
+def end_started() -> list[str]:
+    """After a test: SIGKILL (after SIGCONT: a stopped one would not die) what it started and
+    left alive, wait for each, forget them all; the names of those that were left alive."""
+    alive = [each for each in _started if each.proc is not None and each.proc.poll() is None]
+    for each in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each.proc.pid, signal.SIGCONT)
+        each.proc.kill()
+    for each in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            each.proc.wait(30)
+    _started.clear()
+    return [f"{each.name} (pid {each.proc.pid})" for each in alive]
 
 
 def subprocess_database_url() -> str:
@@ -66,7 +194,9 @@ def gunicorn(port: int, args: Sequence[str] = SERVER_ARGS, **popen: Any) -> subp
 
 
 def start_server(port: int, **env: str) -> subprocess.Popen[bytes]:
+    """gunicorn on ``port``, listening; its stderr is the test's (pytest shows it on failure)."""
     proc = gunicorn(port, env=subprocess_env(**env))
+    started(f"gunicorn :{port}", lambda: "(its stderr is the test's captured stderr)", proc)
     try:
         wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "gunicorn to listen")
     except AssertionError:
@@ -85,12 +215,20 @@ class Subprocesses:
     def stderr(self, proc: subprocess.Popen[bytes]) -> str:
         return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
+    def add(self, proc: Any, name: str) -> None:
+        """One more process of this test's, its stderr in ``proc.stderr_path``."""
+        self.procs.append(proc)
+        started(name, log_file(Path(proc.stderr_path)), proc)
+
     def stop_all(self) -> None:
+        """SIGKILL every one still running (a SIGTERM could be ignored), then wait for each."""
         for proc in self.procs:
             if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)  # a stopped one would not die
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped one would not die
                 proc.kill()
-            proc.wait(10)
+        for proc in self.procs:
+            proc.wait(30)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:

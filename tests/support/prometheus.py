@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.support import processes
 from tests.support.processes import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -57,6 +58,9 @@ class Prometheus:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
+        processes.started(
+            f"prometheus :{self.port}", processes.log_file(self.dir / "prometheus.log"), self.proc
+        )
         deadline = time.monotonic() + 60
         while True:  # its readiness endpoint: a condition, polled
             try:

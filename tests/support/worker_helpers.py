@@ -33,7 +33,7 @@ class Workers(Subprocesses):
             }
         )
         proc = preforked.start(argv, environ, self.dir / f"worker-{n}.err")
-        self.procs.append(proc)
+        self.add(proc, f"worker-{n} (runworker {' '.join(args)})")
         return proc
 
     def log(self) -> list[list[str]]:
