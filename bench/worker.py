@@ -22,7 +22,7 @@ needs a Python >= 3.12 on the machine, Celery the local Redis).
     .venv/bin/python bench/worker.py [--jobs 10000] [--rounds 1] [--queues-only]
                                      [--idle-seconds 30] [--memory-jobs 100000]
                                      [--replies 2000] [--peers DIR | --no-peers] [--tasks-only]
-                                     [--peers-work DIR]
+                                     [--peers-work DIR] [--against CHECKOUT]
 """
 
 from __future__ import annotations
@@ -99,9 +99,11 @@ def throughput(
     event_type: str = "bench.noop",
     env: dict[str, str] | None = None,
     partitions: int = 1000,
+    root: Path = ROOT,
 ) -> float:
     """Jobs/s over the database window from the first claim to the last finish (and, in
-    COMMITS_PER_JOB, the database's commits per job over the run)."""
+    COMMITS_PER_JOB, the database's commits per job over the run). ``root``: the checkout
+    whose ``manage.py runworker`` runs (``--against``: another commit's)."""
     from django.db import connection
 
     truncate_ledger()
@@ -123,7 +125,7 @@ def throughput(
                 "-v",
                 "0",
             ],
-            cwd=ROOT,
+            cwd=root,
             env=worker_env(url, **(env or {})),
         )
         for _ in range(procs)
@@ -593,6 +595,31 @@ def peers(
     return res
 
 
+def against(url: str, other: Path, n: int, rounds: int) -> None:
+    """This checkout's worker beside another's (the code before a change), shape by shape:
+    1 x 1, 1 x 4 and 2 x 4, each round running the two back to back (this one first in odd
+    rounds, the other first in even ones), so a machine whose speed swings weighs on both."""
+    trees = {"this": ROOT, "other": other}
+    print(f"this checkout: {ROOT}\nthe other:     {other}")
+    shapes = [("1x1", 1, 1), ("1x4", 1, 4), ("2x4", 2, 4)]
+    for _label, procs, slots in shapes:  # each tree's first runs pay their one-off costs
+        for root in trees.values():
+            throughput(url, procs, slots, min(n, 2000), root=root)
+    figures: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in shapes}
+    for number in range(1, rounds + 1):
+        order = ["this", "other"] if number % 2 else ["other", "this"]
+        for label, procs, slots in shapes:
+            got = {name: throughput(url, procs, slots, n, root=trees[name]) for name in order}
+            figures[label].append((got["this"], got["other"]))
+        print(json.dumps({"round": number, **{k: v[-1] for k, v in figures.items()}}))
+    print(f"\nno-op jobs/s on PostgreSQL, this checkout / the other ({n:,} jobs, {rounds} rounds)")
+    for label, runs in figures.items():
+        cells = ", ".join(f"{a:,.0f} / {b:,.0f} ({a / b:.2f})" for a, b in runs)
+        ratio = median([a / b for a, b in runs])
+        print(f"  {label}: {cells}; median ratio {ratio:.2f}")
+    print(f"reproduce: {reproduce()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -610,6 +637,13 @@ def main() -> None:
     parser.add_argument("--tasks-only", action="store_true", help="only the django.tasks row")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (medians)")
     parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="CHECKOUT",
+        help="measure the no-op shapes of this code beside those of another checkout (a git "
+        "worktree of an earlier commit), in alternating rounds, and nothing else",
+    )
+    parser.add_argument(
         "--peers-work",
         type=Path,
         default=Path("/tmp/feishu-inbox-peers"),
@@ -619,6 +653,9 @@ def main() -> None:
 
     url = fresh_postgres("fi_bench_tasks" if args.tasks_only else args.database)
     django_setup(url)
+    if args.against:
+        against(url, args.against.resolve(), args.jobs, args.rounds)
+        return
     if args.tasks_only:
         # Rounds alternate ours and the peer's, so a machine whose load changes meanwhile
         # weighs on both; each figure is the median of the rounds, each ratio the median of
