@@ -432,7 +432,7 @@ class Schedule(models.Model):
 
 class FeishuConnection(models.Model):
     """One long connection of one ``feishu_connect`` process, as it last reported itself
-    (every few seconds): the dashboard shows it, live or lost (``ledger/connections.py``)."""
+    (every few seconds): the dashboard shows it, live or lost (``ledger/reports.py``)."""
 
     app = models.CharField(max_length=64)
     host = models.CharField(max_length=255)

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from django.urls import reverse
 
-from ..ledger import buckets, connections, pauses
+from ..ledger import buckets, pauses, reports
 from ..ledger.stats import dashboard
 
 
@@ -45,7 +45,7 @@ def dashboard_data() -> dict[str, Any]:
             }
             for p in board.blocked
         ],
-        "connections": [c.as_dict() for c in connections.seen()],
+        "connections": [c.as_dict() for c in reports.seen()],
         "pauses": [pauses.as_dict(p) for p in pauses.listed()],
         "rate_limits": [b.as_dict() for b in buckets.states(limit=20)],
         "waiting_for_limits": buckets.waiting_jobs(),

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from feishu_inbox import ledger
-from feishu_inbox.ledger import connections
+from feishu_inbox.ledger import reports as connections
 from feishu_inbox.management.demo_data import fill
 from feishu_inbox.models import EventJob, FeishuConnection
 from tests.support.factories import EventJobFactory

@@ -17,8 +17,9 @@ import pytest
 from django.db import OperationalError
 
 from feishu_inbox.conf import InboxSettings
-from feishu_inbox.feishu import connection, inbound, protocol
-from feishu_inbox.feishu.connection import Connection
+from feishu_inbox.feishu import channel as connection
+from feishu_inbox.feishu import inbound, protocol
+from feishu_inbox.feishu.channel import Channel as Connection
 from feishu_inbox.ledger.rules import EnqueueResult
 from tests.support.fake_feishu_ws import event
 

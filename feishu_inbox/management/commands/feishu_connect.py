@@ -1,4 +1,4 @@
-"""``python manage.py feishu_connect [--app NAME …]``: thin over ``feishu.connector``.
+"""``python manage.py feishu_connect [--app NAME …]``: thin over ``feishu.gateway``.
 
 Holds one long connection to Feishu per app (every app with APP_ID and APP_SECRET, or the
 ``--app`` ones) and stores each event before it ACKs it. Exits 0 on SIGTERM/SIGINT, 78 when
@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from feishu_inbox.conf import checked_settings
 from feishu_inbox.errors import ConfigurationError
-from feishu_inbox.feishu.connector import Connector
+from feishu_inbox.feishu.gateway import Gateway
 
 from .runworker import LEVELS, StderrHandler, site_configured_logging
 
@@ -62,10 +62,10 @@ class Command(BaseCommand):
             raise CommandError(f"--health-port {port}: a port is 1 to 65535.")
         health = (options["health_host"], port) if port is not None else None
         try:
-            connector = Connector(apps, conf, health=health)
+            gateway = Gateway(apps, conf, health=health)
         except ConfigurationError as exc:  # the connect extra is missing
             raise CommandError(exc.described()) from exc
-        code = connector.run()
+        code = gateway.run()
         if code:
             sys.exit(code)
 

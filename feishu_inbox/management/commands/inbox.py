@@ -16,7 +16,7 @@ from django.utils import timezone
 from feishu_inbox import ledger
 from feishu_inbox.errors import ConfigurationError, InboxError, JobNotFound, LedgerError
 from feishu_inbox.feishu import deliveries
-from feishu_inbox.ledger import buckets, connections, pauses
+from feishu_inbox.ledger import buckets, pauses, reports
 from feishu_inbox.ledger import workers as worker_beats
 from feishu_inbox.ledger.kinds import choices, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
@@ -281,7 +281,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{key}: {value}")
 
     def do_connections(self, options: dict[str, Any]) -> None:
-        rows = [c.as_dict() for c in connections.seen()]
+        rows = [c.as_dict() for c in reports.seen()]
         if options["json"]:
             self._print_json(rows)
             return

@@ -1,7 +1,9 @@
-"""The ``feishu_connect`` process: one long connection per app, their reports, a probe.
+"""The gateway: the ``feishu_connect`` process. One channel (long connection) per app, their
+reports, a probe.
 
-- every app's ``Connection`` runs on one asyncio loop; stores run in a pool of threads (each
-  with its own database connection), so a slow database never stalls pings or other ACKs;
+- every app's ``Channel`` (its long connection) runs on one asyncio loop; stores run in a
+  pool of threads (each with its own database connection), so a slow database never stalls
+  pings or other ACKs;
 - each connection's state is written to its row every ``REPORT_EVERY`` seconds (the admin
   dashboard shows it; a process that stops reporting is shown lost);
 - ``--health-port``: ``GET /healthz`` answers 200 when every connection is open and answered
@@ -30,8 +32,8 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import InboxSettings
 from ..extras import require
-from ..ledger import connections as rows
-from .connection import Connection, ConnectionRefused, Status
+from ..ledger import reports as rows
+from .channel import Channel, ChannelRefused, Status
 
 log = logging.getLogger("feishu_inbox.connection")
 
@@ -39,7 +41,7 @@ EXIT_REFUSED = 78
 STORE_THREADS = 4
 
 
-class Connector:
+class Gateway:
     def __init__(
         self,
         apps: list[str],
@@ -54,10 +56,8 @@ class Connector:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.store_pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="feishu-store")
         self.report_pool = ThreadPoolExecutor(1, thread_name_prefix="feishu-report")
-        self.connections = [
-            Connection(
-                app, conf.APPS[app], conf, store_pool=self.store_pool, on_change=self._changed
-            )
+        self.channels = [
+            Channel(app, conf.APPS[app], conf, store_pool=self.store_pool, on_change=self._changed)
             for app in apps
         ]
         self.changed = asyncio.Event()
@@ -99,12 +99,12 @@ class Connector:
             loop.add_signal_handler(signum, stop.set)
         await loop.run_in_executor(self.report_pool, self._forget_lost)
         server = await self._serve_health() if self.health else None
-        runs = {asyncio.ensure_future(c.run(stop)): c for c in self.connections}
+        runs = {asyncio.ensure_future(c.run(stop)): c for c in self.channels}
         reporter = asyncio.ensure_future(self._report_until(stop))
         log.info(
             "feishu_connect: %d long connection(s) (%s), pid %d",
-            len(self.connections),
-            ", ".join(c.app for c in self.connections),
+            len(self.channels),
+            ", ".join(c.app for c in self.channels),
             self.pid,
         )
         code = 0
@@ -113,7 +113,7 @@ class Connector:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 exc = task.exception()
-                if isinstance(exc, ConnectionRefused):
+                if isinstance(exc, ChannelRefused):
                     log.error("%s %s. Fix: %s", exc.code, exc.message, exc.fix)
                     code = EXIT_REFUSED
                 elif exc is not None:  # a defect: report it, stop the rest the same way
@@ -146,7 +146,7 @@ class Connector:
     def _report(self) -> None:
         close_old_connections()
         try:
-            rows.report(self.host, self.pid, [_as_report(c.status) for c in self.connections])
+            rows.report(self.host, self.pid, [_as_report(c.status) for c in self.channels])
         except DatabaseError as exc:
             log.warning("could not report the connections' state: %s", type(exc).__name__)
 
@@ -173,7 +173,7 @@ class Connector:
         window = self.conf.PING_SECONDS + self.conf.PONG_TIMEOUT_SECONDS + 1
         apps = {}
         ready = True
-        for c in self.connections:
+        for c in self.channels:
             s = c.status
             fresh = s.last_pong_at is not None and now - s.last_pong_at <= window
             ok = s.state == "connected" and fresh

@@ -1,5 +1,6 @@
-"""The long connections' own rows: each ``feishu_connect`` process reports its connections
-every few seconds; an operator reads them (dashboard, ``inbox connections``).
+"""The long connections' rows (``FeishuConnection``): each gateway (a ``feishu_connect``
+process) reports its channels every few seconds; an operator reads them (dashboard, ``inbox
+connections``).
 
 A row whose process stopped reporting is *lost*: it is shown as such, and deleted by the next
 process to start (or by a process at exit, for its own rows) once older than ``FORGET_AFTER``.

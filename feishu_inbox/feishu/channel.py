@@ -1,4 +1,5 @@
-"""One app's long connection: events over Feishu's WebSocket, each stored before its ACK.
+"""One app's channel: its long connection, events over Feishu's WebSocket, each stored
+before its ACK.
 
 Written on ``websockets`` (asyncio) with this package's own frame codec (``frames.py``), not
 on ``lark_oapi.ws.Client``, whose design keeps none of our promises: it ACKs after the handler
@@ -10,7 +11,7 @@ One connection's life, over and over until it is stopped:
 1. discovery: ``POST {domain}/callback/ws/endpoint`` with the app's id and secret (a timeout
    on the call) answers the WebSocket URL and Feishu's ``ClientConfig``;
 2. the handshake (a timeout too); a refusal Feishu calls fatal (bad credentials, the app's
-   50-connection limit) raises ``ConnectionRefused``, which the process reports and exits on;
+   50-connection limit) raises ``ChannelRefused``, which the process reports and exits on;
 3. frames: pings at ``PING_SECONDS`` at most, a pong later than ``PONG_TIMEOUT_SECONDS``
    replaces the connection; each event (reassembled from its fragments) is stored in a thread
    of the store pool (``inbound.store``, one transaction), in arrival order per partition, and
@@ -48,6 +49,7 @@ from .. import telemetry
 from ..conf import LOOPBACK_HOSTS, InboxSettings, openapi_base_url
 from ..errors import InboxError
 from . import frames, inbound, protocol
+from .fragments import Fragments, int_header
 from .frames import CONTROL, DATA, Frame, FrameError
 from .protocol import ProtocolError
 
@@ -58,9 +60,6 @@ DISCOVERY_PATH = "/callback/ws/endpoint"
 RETRIED_DISCOVERY_CODES = (1, 1000040343)
 #: Handshake refusals that no retry can mend: 403, and 514 with "too many connections".
 FORBIDDEN, AUTH_FAILED, TOO_MANY_CONNECTIONS = 403, 514, 1000040350
-#: A message split over frames must arrive whole within this many seconds.
-FRAGMENT_TTL_SECONDS = 10.0
-MAX_PENDING_MESSAGES = 1000
 
 _QUERY = re.compile(r"\?[^\s'\"]*")
 
@@ -87,7 +86,7 @@ wire_log.setLevel(logging.INFO)
 _discovery_pool = ThreadPoolExecutor(4, thread_name_prefix="feishu-discovery")
 
 
-class ConnectionRefused(InboxError):
+class ChannelRefused(InboxError):
     """Feishu refused the app's long connection in a way no retry mends."""
 
     code = "connection_refused"
@@ -144,51 +143,7 @@ class Outcome:
     answer: dict[str, Any] | None = None
 
 
-class Fragments:
-    """Messages split over frames (``sum`` > 1), joined by ``message_id``."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pending: dict[str, tuple[float, int, dict[int, bytes]]] = {}
-
-    def add(self, message_id: str, total: int, seq: int, part: bytes) -> bytes | None:
-        """The whole payload once its last part arrived, else None; ``ProtocolError`` for a
-        part that cannot belong to a message."""
-        now = time.monotonic()
-        for key in [k for k, (at, _, _) in self.pending.items() if now - at > FRAGMENT_TTL_SECONDS]:
-            log.warning("dropped an incomplete message %s: its parts stopped coming", key)
-            del self.pending[key]
-        if not 0 <= seq < total:
-            raise ProtocolError("bad_frame", f"part {seq} of {total} is out of range.")
-        at, known, parts = self.pending.get(message_id, (now, total, {}))
-        if known != total:
-            raise ProtocolError("bad_frame", f"the parts of {message_id} disagree on their sum.")
-        parts[seq] = part
-        if sum(len(p) for p in parts.values()) > self.limit:
-            self.pending.pop(message_id, None)
-            raise ProtocolError("too_large", f"The event is over {self.limit} bytes.")
-        if len(parts) < total:
-            if message_id not in self.pending and len(self.pending) >= MAX_PENDING_MESSAGES:
-                oldest = min(self.pending, key=lambda k: self.pending[k][0])
-                log.warning("dropped an incomplete message %s: too many pending", oldest)
-                del self.pending[oldest]
-            self.pending[message_id] = (at, total, parts)
-            return None
-        self.pending.pop(message_id, None)
-        return b"".join(parts[i] for i in range(total))
-
-
-def _int_header(frame: Frame, name: str, default: int) -> int:
-    value = frame.header(name)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ProtocolError("bad_frame", f"The frame's {name} header is not a number.") from None
-
-
-class Connection:
+class Channel:
     """One app's long connection, run by ``run()`` until ``stop`` is set."""
 
     def __init__(
@@ -218,7 +173,7 @@ class Connection:
     # --- the life of the connection ----------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Connect, serve, reconnect, until ``stop``; ``ConnectionRefused`` when fatal."""
+        """Connect, serve, reconnect, until ``stop``; ``ChannelRefused`` when fatal."""
         failures = 0
         while not stop.is_set():
             self._move("connecting")
@@ -226,7 +181,7 @@ class Connection:
             try:
                 url, config = await self.discover()
                 await self.serve(url, config, stop)
-            except ConnectionRefused as exc:
+            except ChannelRefused as exc:
                 self._move("refused", exc.message)
                 raise
             except Exception as exc:
@@ -262,7 +217,7 @@ class Connection:
     async def discover(self) -> tuple[str, ClientConfig | None]:
         """The WebSocket URL Feishu gives this app now, and its ClientConfig."""
         if not self.app_id or not self.app_secret:
-            raise ConnectionRefused(
+            raise ChannelRefused(
                 self.app,
                 "has no APP_ID or APP_SECRET.",
                 "Set both in FEISHU_INBOX['APPS'] (the app's credentials page).",
@@ -279,7 +234,7 @@ class Connection:
         if code in RETRIED_DISCOVERY_CODES:
             raise Lost(f"discovery answered code {code} (busy)")
         if code != 0:
-            raise ConnectionRefused(
+            raise ChannelRefused(
                 self.app,
                 f"Feishu refused the long connection (code {code}: "
                 f"{str(answer.get('msg'))[:200]}).",
@@ -354,13 +309,13 @@ class Connection:
                 # not Feishu's refusal (a proxy, a load balancer): retried, as the SDK does
                 raise Lost(f"handshake answered HTTP {exc.response.status_code}") from None
             if status == str(FORBIDDEN):
-                raise ConnectionRefused(
+                raise ChannelRefused(
                     self.app,
                     f"Feishu refused the handshake (403: {message}).",
                     "Check the app's credentials and that it may use the long connection.",
                 ) from None
             if status == str(AUTH_FAILED) and auth == str(TOO_MANY_CONNECTIONS):
-                raise ConnectionRefused(
+                raise ChannelRefused(
                     self.app,
                     f"Feishu refused the handshake: the app has too many connections ({message}).",
                     "Feishu allows 50 connections per app: run fewer feishu_connect "
@@ -471,8 +426,8 @@ class Connection:
             log.debug("app %s: ignored a data frame of type %r", self.app, kind)
             return
         try:
-            total = _int_header(frame, "sum", 1)
-            seq = _int_header(frame, "seq", 0)
+            total = int_header(frame, "sum", 1)
+            seq = int_header(frame, "seq", 0)
             payload = frame.payload or b""
             if total > 1:
                 joined = self.fragments.add(message_id, total, seq, payload)
