@@ -5,9 +5,10 @@ custom permission, each calling ``ledger`` and reporting every refused job with 
 Reconcile and discard assert something about the outside world, so they go through a
 confirmation page (Django's two-step ``delete_selected`` pattern).
 
-One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard) and
-``schedules``; ``actions`` (the operator actions on jobs), ``filters``, ``dashboard`` (its
-figures) and ``common`` (what the pages share) serve them. Registered here.
+One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard), ``schedules``,
+``pauses`` (what is paused) and ``workers`` (every worker's heartbeat row); ``actions`` (the
+operator actions on jobs), ``filters``, ``dashboard`` (its figures) and ``common`` (what the
+pages share) serve them. Registered here.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 - ``protocol``: a delivery verified, decrypted and decoded (signature, replay window, challenge,
   token), the event's keys (dedupe, partition, private), card callbacks;
 - ``webhook``: the view that stores a delivery through ``ledger.enqueue`` and answers Feishu;
+- ``inbound``: what the webhook and the long connection both do with a decoded event;
+- ``deliveries``: deliveries built as Feishu builds them (``inbox send-test-event``);
+- the long connection: ``gateway`` (the ``feishu_connect`` process: one channel per app, their
+  reports, a probe), ``channel`` (one app's connection: each event stored before its ACK),
+  ``fragments`` (messages split over frames, joined) and ``frames`` (the frame codec);
 - ``openapi``: Feishu's Open API through the official SDK, its answers as typed errors;
 - ``replies``: ``reply``/``send``/``client``, the message calls as idempotent effects;
 - ``cardkit``: the CardKit calls a streamed card is made of (create, stream, settings, update);

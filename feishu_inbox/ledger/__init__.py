@@ -4,10 +4,16 @@
   hand back, signals): argument checks, fencing, lease and backoff rules, results and typed
   errors. It never names a database: each operation is one transaction of the store's.
 - ``operators``: the operators' actions (requeue, reconcile, discard, cancel, replay).
+- ``kinds``: the kinds of job (Feishu events, schedule occurrences, tasks …) in one open
+  registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
+  workers are woken (NOTIFY) and how many claims run side by side.
 - ``retention``: what the ledger forgets, and when; ``stats``: what operators read.
 - ``retry``: retry policies, the site's and each event type's; ``idempotency``: an idempotent
-  effect's key, window and margin; ``payloads``: limits on the JSON stored; ``kinds``: the
-  kinds of job (Feishu events, schedule occurrences, tasks) told apart by their event type.
+  effect's key, window and margin; ``payloads``: limits on the JSON stored.
+- flow control: ``limits`` (what a rate limit is), ``buckets`` (token buckets shared by every
+  worker), ``concurrency`` (at most N running per key), ``pauses`` (operator pauses).
+- rows of their own: ``streams`` (a streamed reply's state), ``workers`` (each worker's
+  heartbeat row), ``reports`` (each gateway's channels).
 
 ``feishu_inbox.ledger.enqueue(...)`` (and every other name of ``rules``) is the public way in.
 This module imports ``rules`` on first use of such a name, not at import time: ``rules`` needs

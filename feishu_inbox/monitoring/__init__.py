@@ -6,10 +6,12 @@
   ten Prometheus servers scraping every worker cost one read per few seconds per process;
 - ``serve``: ``/metrics`` (the process's counters and the ledger's gauges) and ``/healthz`` on
   a port of the worker's;
-- ``views.metrics``: the same for the web process, behind staff login, a bearer token
-  (``METRICS_TOKEN``) or an address allow-list (``METRICS_ALLOW``).
+- ``views``: ``views.metrics``, the same for the web process, behind staff login, a bearer
+  token (``METRICS_TOKEN``) or an address allow-list (``METRICS_ALLOW``).
 
-The counters themselves are in ``telemetry.py`` (a leaf every layer counts with).
+The counters themselves are in ``telemetry.py`` (a leaf every layer counts with); the alert
+rules and the dashboard that ship with the package are in ``prometheus/alerts.yml`` and
+``grafana/feishu_inbox.json``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,13 @@
 ``.sql`` file (``postgres.sql``, ``sqlite.sql``: the same names, side by side); PostgreSQL's hot
 operations call stored functions (``functions/``), loaded by migrations.
 
+- here: the interface (``Store``), split by who uses it: ``HotPath``, ``Leases``,
+  ``Operators``, ``Schedules``, ``Insights``; and ``store()``, the store of the database;
+- ``base``: what both stores share (running named queries, the operations composed of them);
+- ``postgres`` and ``sqlite``: one store each;
+- ``queries``: named SQL read from the ``.sql`` files; ``schema``: table names, statuses and
+  shared SQL fragments; ``migration``: the operation that loads a stored-function file.
+
 The store is chosen once per connection vendor; nothing outside this package asks which
 database it runs on.
 """

@@ -105,3 +105,55 @@ def test_every_manage_py_command_the_pages_name_exists() -> None:
             flag = arg.strip("[]").split("=", 1)[0]
             if flag.startswith("--"):
                 assert flag in options, f"{where} {flag}: no such option"
+
+
+# --- the map of the package ---------------------------------------------------------------
+
+
+def modules_in(package: Path) -> set[str]:
+    """Every module of the package, as a path from its folder (``runtime/claimer.py``)."""
+    return {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "migrations" not in path.relative_to(package).parts
+    }
+
+
+def modules_mapped(page: str) -> set[str]:
+    """The modules the architecture page's tree names, each as a path: a line names a folder
+    (``runtime/``) or a module (``claimer.py``), two spaces deeper than the folder it is in."""
+    tree = page.split("```\nfeishu_inbox/\n", 1)[1].split("```", 1)[0]
+    found, folders = set(), []
+    for line in tree.splitlines():
+        if not line.strip():
+            continue
+        level = (len(line) - len(line.lstrip()) - 2) // 2
+        name = line.split()[0]
+        if name.endswith("/"):
+            folders = [*folders[:level], name.removesuffix("/")]
+        elif name.endswith(".py"):
+            found.add("/".join([*folders[:level], name]))
+    return found
+
+
+def test_the_architecture_page_names_every_module_of_the_package() -> None:
+    package = ROOT / "feishu_inbox"
+    mapped = modules_mapped((ROOT / "docs" / "architecture.md").read_text())
+    assert sorted(modules_in(package) - mapped) == [], "modules missing from docs/architecture.md"
+    assert sorted(mapped - modules_in(package)) == [], "docs/architecture.md names modules gone"
+
+
+def test_every_folders_docstring_names_each_of_its_modules() -> None:
+    package = ROOT / "feishu_inbox"
+    unnamed = {}
+    for init in sorted(package.rglob("__init__.py")):
+        folder = init.parent
+        if folder == package or "migrations" in folder.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        names += [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        missing = [n for n in sorted(names) if f"``{n}``" not in doc]
+        if missing:
+            unnamed[str(folder.relative_to(package))] = missing
+    assert unnamed == {}, "name each module in its folder's docstring, as ``module``"
