@@ -24,9 +24,10 @@ events.
 ``manage.py runworker`` runs tasks beside Feishu events (``--queue`` for some queues only).
 The ledger's side is ``jobs`` (a task stored, run and read back, as a kind of job); the
 framework's side is ``backend`` (``LedgerBackend``); ``framework`` finds whichever tasks
-framework the site has (Django 6's, or the backport). This module imports neither the framework nor the backend: a site
-without the ``tasks`` extra imports it (the admin's queue filter, the system checks) and
-never needs ``django-tasks``; ``LedgerBackend`` and its errors load on first use.
+framework the site has (Django 6's, or the backport). This module imports neither the
+framework nor the backend: a site without the ``tasks`` extra imports it (the admin's queue
+filter, the system checks) and never needs ``django-tasks``; ``LedgerBackend`` and its errors
+load on first use.
 """
 
 from __future__ import annotations
