@@ -23,7 +23,8 @@ events.
 
 ``manage.py runworker`` runs tasks beside Feishu events (``--queue`` for some queues only).
 The ledger's side is ``jobs`` (a task stored, run and read back, as a kind of job); the
-framework's side is ``backend`` (``LedgerBackend``); ``framework`` finds whichever tasks
+framework's side is ``backend`` (``LedgerBackend``, ``ordering_key``); ``declaring`` holds
+``@retry`` and ``@timeout``; ``framework`` finds whichever tasks
 framework the site has (Django 6's, or the backport). This module imports neither the
 framework nor the backend: a site without the ``tasks`` extra imports it (the admin's queue
 filter, the system checks) and never needs ``django-tasks``; ``LedgerBackend`` and its errors
@@ -32,39 +33,44 @@ load on first use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
-from ..ledger.retry import RetryPolicy
+from .declaring import TIMEOUT_ATTRIBUTE, retry, retry_policy_of, timeout
 
 if TYPE_CHECKING:
-    from .backend import InvalidLedgerTask, LedgerBackend, UnserializableTaskArguments
+    from .backend import (
+        InvalidLedgerTask,
+        LedgerBackend,
+        UnserializableTaskArguments,
+        current_ordering_key,
+        ordering_key,
+    )
 
 __all__ = [
     "BACKEND",
+    "TIMEOUT_ATTRIBUTE",
     "InvalidLedgerTask",
     "LedgerBackend",
     "UnserializableTaskArguments",
+    "current_ordering_key",
     "ordering_key",
     "retry",
+    "retry_policy_of",
     "timeout",
 ]
 
-F = TypeVar("F")
-
-#: Matches task_jobs (kept here too: this module must not import the models at import time).
-_RETRY_ATTRIBUTE = "_feishu_inbox_retry"
-TIMEOUT_ATTRIBUTE = "_feishu_inbox_timeout"  # tasks/jobs.py reads it
 
 #: This backend's path in settings.TASKS.
 BACKEND = f"{__name__}.LedgerBackend"
 #: The names of tasks/backend.py, which subclass the framework's: loaded when first asked for
 #: (Django's import_string of BACKEND, a site's ``except InvalidLedgerTask``).
-_BACKEND_NAMES = ("InvalidLedgerTask", "LedgerBackend", "UnserializableTaskArguments")
+_BACKEND_NAMES = (
+    "InvalidLedgerTask",
+    "LedgerBackend",
+    "UnserializableTaskArguments",
+    "current_ordering_key",
+    "ordering_key",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -89,86 +95,3 @@ def configured_queues() -> list[str]:
         if params.get("BACKEND") == BACKEND:
             found.update(params.get("QUEUES") or ["default"])
     return sorted(found)
-
-
-_ordering: ContextVar[str | None] = ContextVar("feishu_inbox_task_ordering", default=None)
-
-
-def current_ordering_key() -> str | None:
-    """The key of the innermost ``ordering_key`` block around the caller, else None."""
-    return _ordering.get()
-
-
-def _function_of(fn: Any) -> Any:
-    """The function under ``@task`` (a decorator above it receives the Task), else ``fn``."""
-    from .framework import framework
-
-    try:
-        task_class = framework().Task
-    except ConfigurationError:  # no framework: fn cannot be a Task
-        return fn
-    return fn.func if isinstance(fn, task_class) else fn
-
-
-@contextmanager
-def ordering_key(key: str) -> Iterator[None]:
-    """Tasks enqueued inside this block (of one queue) with the same key run one at a time, in
-    enqueue order; a failed or unknown one holds the later ones until an operator acts.
-    Tasks enqueued outside any such block run in parallel."""
-    if not isinstance(key, str) or not key:
-        from .backend import InvalidLedgerTask
-
-        raise InvalidLedgerTask(
-            f"An ordering key must be a non-empty string (got {key!r:.80}).",
-            fix="Name what the tasks share, e.g. ordering_key(f'user:{user.pk}').",
-        )
-    token = _ordering.set(key)
-    try:
-        yield
-    finally:
-        _ordering.reset(token)
-
-
-def retry(policy: RetryPolicy) -> Callable[[F], F]:
-    """Declare a task's retry policy: put ``@retry(RetryPolicy(...))`` under ``@task``.
-    Without one a task runs once (an exception makes it FAILED), as on other backends."""
-    problems = policy.problems() if isinstance(policy, RetryPolicy) else ["not a RetryPolicy"]
-    if problems:
-        raise ConfigurationError(
-            f"Invalid task retry policy {policy!r}: " + "; ".join(problems) + ".",
-            fix="Pass a valid RetryPolicy: @retry(RetryPolicy(attempts=5)).",
-        )
-
-    def mark(fn: F) -> F:
-        target = _function_of(fn)
-        setattr(target, _RETRY_ATTRIBUTE, policy)
-        return fn
-
-    return mark
-
-
-def timeout(limit: timedelta | float) -> Callable[[F], F]:
-    """Declare a task's timeout (a ``timedelta`` or seconds): put ``@timeout(...)`` under
-    ``@task``. An attempt still running then is stopped as a handler's is (README "What a
-    handler does") and retried by the task's ``@retry`` policy."""
-    seconds = limit.total_seconds() if isinstance(limit, timedelta) else limit
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(
-            f"Invalid task timeout {limit!r}.",
-            fix="Pass a positive timedelta or number of seconds: @timeout(timedelta(minutes=5)).",
-        )
-
-    def mark(fn: F) -> F:
-        target = _function_of(fn)
-        setattr(target, TIMEOUT_ATTRIBUTE, float(seconds))
-        return fn
-
-    return mark
-
-
-def retry_policy_of(task: Any) -> RetryPolicy:
-    """The task's ``@retry`` policy, else the tasks' default (run once)."""
-    from . import jobs as task_jobs
-
-    policy: RetryPolicy = getattr(task.func, _RETRY_ATTRIBUTE, None) or task_jobs.DEFAULT_POLICY
-    return policy

@@ -7,12 +7,15 @@ extra); ``tasks/__init__.py`` loads it on first use only.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.core import checks
 
 from ..errors import LedgerError
-from . import current_ordering_key, retry_policy_of
+from .declaring import retry_policy_of
 from .framework import framework
 
 _fw = framework()
@@ -149,3 +152,28 @@ class LedgerBackend(_BaseTaskBackend):
             )
         # Queue names are checked by feishu_inbox.checks (E007), from settings.TASKS.
         return found
+
+
+_ordering: ContextVar[str | None] = ContextVar("feishu_inbox_task_ordering", default=None)
+
+
+def current_ordering_key() -> str | None:
+    """The key of the innermost ``ordering_key`` block around the caller, else None."""
+    return _ordering.get()
+
+
+@contextmanager
+def ordering_key(key: str) -> Iterator[None]:
+    """Tasks enqueued inside this block (of one queue) with the same key run one at a time, in
+    enqueue order; a failed or unknown one holds the later ones until an operator acts.
+    Tasks enqueued outside any such block run in parallel."""
+    if not isinstance(key, str) or not key:
+        raise InvalidLedgerTask(
+            f"An ordering key must be a non-empty string (got {key!r:.80}).",
+            fix="Name what the tasks share, e.g. ordering_key(f'user:{user.pk}').",
+        )
+    token = _ordering.set(key)
+    try:
+        yield
+    finally:
+        _ordering.reset(token)

@@ -32,7 +32,7 @@ LAYERS = {
     "management": 5,
     "templatetags": 5,
 }
-LEAVES = {"errors", "conf", "models", "task_jobs", "telemetry", "tracing"}
+LEAVES = {"errors", "conf", "extras", "models", "task_jobs", "telemetry", "tracing"}
 WIRING = {"__init__", "apps", "checks", "urls"}
 #: Imports across one layer's folders, each one way only.
 SIDEWAYS = {
