@@ -107,8 +107,8 @@ have = command -v "$$1" >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/"$$1" >/
 setup:
 	@have() { $(have); }; missing=""; \
 	for need in $(SETUP_NEEDS); do have "$${need%%=*}" || missing="$$missing $${need#*=}"; done; \
-	missing=$$(printf '%s\n' $$missing | sort -u | tr '\n' ' '); \
-	[ -z "$${missing% }" ] && exit 0; \
+	missing=$$(printf '%s\n' $$missing | sort -u | tr '\n' ' ' | sed 's/ *$$//'); \
+	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
 	  echo "make $(or $(MAKECMDGOALS),test): missing $$missing; install it (Debian/Ubuntu): sudo apt-get update && sudo apt-get install -y $$missing"; exit 1; fi; \
 	echo "== make setup: apt-get install $$missing"; \

@@ -67,7 +67,7 @@ def test_events_are_stored_once_before_their_ack_and_run_in_order_per_chat(
         if i % 5 == 0:
             fake_ws.push("cli_a", event(f"ev{i}", chat_id=chat))
         order[chat].append(f"ev{i}")
-    wait_for(fake_ws.all_acked, 10, "every event ACKed")
+    wait_for(fake_ws.all_acked, 60, "every event ACKed")
     for i in range(30):
         assert jobs_of(f"ev{i}") == 1
         ack_codes = {a.code for a in fake_ws.acks_of(f"ev{i}")}
@@ -88,9 +88,12 @@ def test_events_are_stored_once_before_their_ack_and_run_in_order_per_chat(
         ran[chat].append(event_id)
     assert ran == order
 
-    # ACK latency: the fake measures from the last frame sent to the ACK
+    # ACK latency: the fake measures from the last frame sent to the ACK. Feishu's budget is
+    # 3 s for every ACK; the median's bound says storing is no slower than a few round trips
+    # (tens of milliseconds idle), 1 s being what a machine whose every core is busy still
+    # makes with room.
     latencies = sorted(a.latency for a in fake_ws.acks)
-    assert latencies[len(latencies) // 2] < 1.0
+    assert latencies[len(latencies) // 2] < 1.0, latencies
     wait_for(
         lambda: (
             [(r.app, r.state, r.events) for r in FeishuConnection.objects.all()]
@@ -112,7 +115,7 @@ def test_an_event_delivered_to_two_processes_and_to_the_webhook_is_one_job(
     envelope = event("twice", chat_id="oc_x")
     fake_ws.push("cli_a", envelope, conn=0)
     fake_ws.push("cli_a", envelope, conn=1)
-    wait_for(lambda: len([a for a in fake_ws.acks_of("twice") if a.code == 200]) == 2, 10)
+    wait_for(lambda: len([a for a in fake_ws.acks_of("twice") if a.code == 200]) == 2, 60)
     assert {a.conn_id for a in fake_ws.acks_of("twice")} == {0, 1}
     # the same event through the webhook (plaintext app "main"): a duplicate
     settings.FEISHU_INBOX = {"APPS": {"main": {}}}
@@ -136,15 +139,15 @@ def test_sigkill_mid_stream_loses_nothing_that_was_acked(
 
     pusher = threading.Thread(target=push_all)
     pusher.start()
-    wait_for(lambda: len([a for a in fake_ws.acks if a.code == 200]) >= 20, 10, "20 ACKs")
+    wait_for(lambda: len([a for a in fake_ws.acks if a.code == 200]) >= 20, 60, "20 ACKs")
     first.send_signal(signal.SIGKILL)
-    first.wait(10)
+    first.wait(60)
     acked = {a.event_id for a in fake_ws.acks if a.code == 200}
     stored = set(EventJob.objects.values_list("event_id", flat=True))
     assert acked <= stored, f"ACKed but not stored: {sorted(acked - stored)}"
-    pusher.join(10)
+    pusher.join(60)
     connectors.start(apps)
-    wait_for(fake_ws.all_acked, 20, "every event ACKed after the restart (by redelivery)")
+    wait_for(fake_ws.all_acked, 60, "every event ACKed after the restart (by redelivery)")
     assert len(pushed) == 80
     for event_id in pushed:
         assert jobs_of(event_id) == 1
@@ -158,14 +161,14 @@ def test_while_the_database_is_away_no_event_is_acked_and_each_is_stored_once_af
     proc = connectors.start(apps, SQLITE_BUSY_TIMEOUT="0.5")
     connected(fake_ws, 1)
     fake_ws.push("cli_a", event("before"))
-    wait_for(lambda: fake_ws.acked("before"), 10)
+    wait_for(lambda: fake_ws.acked("before"), 60)
     during = [f"away{i}" for i in range(10)]
     with database_away():
         away_from = time.monotonic()
         for event_id in during:
             fake_ws.push("cli_a", event(event_id, chat_id=f"oc_{event_id}"))
         # each delivered and answered (code 500 or nothing) at least twice while away
-        wait_for(lambda: all(fake_ws.deliveries(e) >= 2 for e in during), 15, "redeliveries")
+        wait_for(lambda: all(fake_ws.deliveries(e) >= 2 for e in during), 60, "redeliveries")
         time.sleep(1)  # the outage lasts a while longer: the stimulus, not a synchronisation
         away_until = time.monotonic()
         acked_while_away = [a for a in fake_ws.acks if a.event_id in during and a.code == 200]
@@ -196,11 +199,16 @@ def test_a_lost_and_a_silent_connection_are_each_replaced_within_seconds(
     fake_ws.silence()
     connected(fake_ws, 1, after=2)
     after_silence = time.monotonic() - started
+    # The promise: a lost connection is opened again after RECONNECT_MIN_SECONDS (0.2 s here)
+    # and a silent one is noticed by the next ping (0.5 s) left without a pong for 1 s, then
+    # replaced the same way: about 0.3 s and 1.7 s on an idle machine. The bounds are three
+    # times those and more; a connection never replaced (no reconnect, no pong timeout) would
+    # wait for ever.
+    print(f"replaced after a drop in {after_drop:.2f}s, after silence in {after_silence:.2f}s")
     assert after_drop < 3, after_drop
-    # a silent server: the next ping (0.5 s) gets no pong within 1 s, then a reconnect
-    assert after_silence < 4, after_silence
+    assert after_silence < 6, after_silence
     fake_ws.push("cli_a", event("after"))
-    wait_for(lambda: fake_ws.acked("after"), 10)
+    wait_for(lambda: fake_ws.acked("after"), 60)
     assert jobs_of("after") == 1
     log = connectors.stderr(proc)
     assert "no pong within 1s" in log and "lost" in log
@@ -212,9 +220,10 @@ def test_a_card_callback_is_answered_in_its_ack_within_three_seconds(
     connectors.start(apps_for(fake_ws, main="cli_a"))
     connected(fake_ws, 1)
     fake_ws.push("cli_a", card_action("card1", value="yes"))
-    wait_for(lambda: fake_ws.acked("card1"), 5)
+    wait_for(lambda: fake_ws.acked("card1"), 60)
     (ack,) = fake_ws.acks_of("card1")
     assert ack.data == {"toast": {"type": "success", "content": "chose yes"}}
+    # Feishu's budget for a card callback's answer, the promise itself (idle: ~0.1 s).
     assert ack.latency < 3.0 and int(ack.biz_rt or 0) < 3000
     assert jobs_of("card1") == 0  # answered, not stored (as the webhook does)
 
@@ -236,12 +245,12 @@ def test_bad_input_is_acked_logged_and_stored_nowhere(
         b'"event_type": "t"}}',
     }
     sent = {why: fake_ws.push_payload("cli_a", payload) for why, payload in bad.items()}
-    wait_for(lambda: all(fake_ws.ack_of_message(m) for m in sent.values()), 10, "ACKs")
+    wait_for(lambda: all(fake_ws.ack_of_message(m) for m in sent.values()), 60, "ACKs")
     for why, message_id in sent.items():
         ack = fake_ws.ack_of_message(message_id)
         assert ack is not None and ack.code == 200, why
     fake_ws.push("cli_a", event("good"))
-    wait_for(lambda: fake_ws.acked("good"), 10)
+    wait_for(lambda: fake_ws.acked("good"), 60)
     assert list(EventJob.objects.values_list("event_id", flat=True)) == ["good"]
     assert proc.poll() is None
     log = connectors.stderr(proc)
@@ -255,14 +264,14 @@ def test_a_fatal_refusal_exits_78_with_the_fix_and_no_secret(
 ) -> None:
     wrong = {"main": {"APP_ID": "cli_a", "APP_SECRET": "wrong-secret", "DOMAIN": fake_ws.url}}
     proc = connectors.start(wrong)
-    assert proc.wait(20) == 78
+    assert proc.wait(60) == 78
     log = connectors.stderr(proc)
     assert "connection_refused" in log and "Check APP_ID and APP_SECRET" in log
     assert "wrong-secret" not in log
 
     fake_ws.refuse_handshake("514", "exceed connection limit", "1000040350")
     proc = connectors.start(apps_for(fake_ws, main="cli_a", other="cli_b"))
-    assert proc.wait(20) == 78
+    assert proc.wait(60) == 78
     log = connectors.stderr(proc)
     assert "too many connections" in log and "run fewer feishu_connect" in log
     assert secrets_in(log, fake_ws) == []
@@ -289,8 +298,13 @@ def test_sigterm_stores_what_is_in_hand_then_exits_0_and_the_probe_tells_readine
     fake_ws: FakeLongConnection, connectors: Connectors
 ) -> None:
     port = free_port()
+    # A reconnect 3 s after the loss: the probe's "not ready" lasts that long, not the fraction
+    # of a second that a probe on a busy machine could miss between two looks.
     proc = connectors.start(
-        apps_for(fake_ws, main="cli_a", other="cli_b"), "--health-port", str(port)
+        apps_for(fake_ws, main="cli_a", other="cli_b"),
+        "--health-port",
+        str(port),
+        settings={"RECONNECT_MIN_SECONDS": 3.0, "RECONNECT_MAX_SECONDS": 3.0},
     )
     connected(fake_ws, 2)
 
@@ -301,19 +315,19 @@ def test_sigterm_stores_what_is_in_hand_then_exits_0_and_the_probe_tells_readine
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
-    wait_for(lambda: probe()[0] == 200, 10, "the probe to say ready")
+    wait_for(lambda: probe()[0] == 200, 60, "the probe to say ready")
     _, body = probe()
     assert set(body["connections"]) == {"main", "other"}
     fake_ws.silence(conn=1)  # "other" goes silent: not ready until it is replaced
-    wait_for(lambda: probe()[0] == 503, 10, "the probe to say not ready")
-    wait_for(lambda: probe()[0] == 200, 10, "ready again after the reconnect")
+    wait_for(lambda: probe()[0] == 503, 60, "the probe to say not ready")
+    wait_for(lambda: probe()[0] == 200, 60, "ready again after the reconnect")
 
     rows = lambda: {r.app: r.state for r in FeishuConnection.objects.all()}  # noqa: E731
-    wait_for(lambda: rows() == {"main": "connected", "other": "connected"}, 10, "rows")
+    wait_for(lambda: rows() == {"main": "connected", "other": "connected"}, 60, "rows")
     for i in range(20):
         fake_ws.push("cli_a", event(f"t{i}", chat_id=f"oc_{i}"))
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(15) == 0, connectors.stderr(proc)
+    assert proc.wait(60) == 0, connectors.stderr(proc)
     acked = {a.event_id for a in fake_ws.acks if a.code == 200}
     for event_id in acked:
         assert jobs_of(event_id) == 1
@@ -323,8 +337,8 @@ def test_sigterm_stores_what_is_in_hand_then_exits_0_and_the_probe_tells_readine
 
 def test_the_command_refuses_apps_it_cannot_connect(connectors: Connectors) -> None:
     proc = connectors.start({"hook": {"ENCRYPT_KEY": "k"}})
-    assert proc.wait(20) == 1
+    assert proc.wait(60) == 1
     assert "No app can open a long connection" in connectors.stderr(proc)
     proc = connectors.start({"hook": {"ENCRYPT_KEY": "k"}}, "--app", "nope")
-    assert proc.wait(20) == 1
+    assert proc.wait(60) == 1
     assert "--app 'nope' is not in FEISHU_INBOX['APPS']" in connectors.stderr(proc)

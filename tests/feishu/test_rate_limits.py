@@ -149,6 +149,8 @@ def test_a_bucket_refills_at_its_rate() -> None:
     assert buckets.take([fast]) == 0.0
     started = time.monotonic()
     wait_for(lambda: buckets.take([fast]) == 0.0, 5, "a token")
+    # The promise: a token every 1/20 s, about 0.06 s idle (a bucket that never refilled would
+    # time the wait out); 1 s is sixteen times that.
     assert time.monotonic() - started < 1.0
 
 

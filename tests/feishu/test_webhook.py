@@ -387,6 +387,8 @@ def test_slow_or_failing_card_callback_answers_empty_within_the_budget() -> None
         response = send(card_event())
         release.set()
     assert response.json() == {}
+    # The promise: answered within CARD_CALLBACK_BUDGET_SECONDS (0.2 s here) and the request's
+    # own cost, about 0.25 s idle; a budget not kept would wait for the callback's 10 s.
     assert time.monotonic() - started < 5
 
     @card_callback("default")

@@ -29,7 +29,7 @@ COMPLETED, UNKNOWN = 17, 3
 @pytest.fixture(autouse=True)
 def _prometheus_installed() -> None:
     why = missing()
-    assert not why, why  # never skipped: make test and .ci/run install it
+    assert not why, why  # never skipped: make test installs it (make setup)
 
 
 def stats() -> dict[str, object]:

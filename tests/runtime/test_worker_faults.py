@@ -48,7 +48,7 @@ def run_under_a_blink(workers: Workers, blink: AbstractContextManager[None], **e
     def claims_after_return() -> list[int]:
         return [int(line[3]) for line in workers.lines("start") if int(line[3]) > back]
 
-    wait_for(claims_after_return, 10, "a claim after the database came back")
+    wait_for(claims_after_return, 60, "a claim after the database came back")
     resumed = (min(claims_after_return()) - back) / 1e9
     wait_for(lambda: EventJob.objects.completed().count() == 300, 120, "all 300 jobs")
     for proc in procs:
@@ -71,14 +71,16 @@ def test_a_postgresql_restart_under_load_needs_no_operator(
     workers: Workers, postgres_only: None
 ) -> None:
     resumed = run_under_a_blink(workers, postgresql_stopped())
-    assert resumed < 2.0, f"claims resumed {resumed:.2f}s after PostgreSQL was back"
+    # The promise (docs/production.md): claims resume within a second of the database's return
+    # (a reconnect's backoff is at most 1 s), under a second idle; 3 s leaves a busy machine room.
+    assert resumed < 3.0, f"claims resumed {resumed:.2f}s after PostgreSQL was back"
 
 
 def test_a_sqlite_file_locked_past_the_busy_timeout_needs_no_operator(workers: Workers) -> None:
     if connection.vendor != "sqlite":
         pytest.skip("SQLite: a file lock held by another process")
     resumed = run_under_a_blink(workers, sqlite_locked(), SQLITE_BUSY_TIMEOUT="0.5")
-    assert resumed < 2.0, f"claims resumed {resumed:.2f}s after the lock was released"
+    assert resumed < 3.0, f"claims resumed {resumed:.2f}s after the lock was released"  # as above
 
 
 def test_a_blink_as_a_job_starts_neither_strands_it_nor_spends_an_attempt(

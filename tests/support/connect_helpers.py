@@ -66,6 +66,7 @@ def connected(fake: FakeLongConnection, count: int, *, after: int = 0) -> None:
     """Wait until ``count`` connections opened after the first ``after`` are open."""
     wait_for(
         lambda: len([c for c in fake.open_connections() if c.id >= after]) >= count,
-        20,
+        60,  # a guard, generous for a machine whose every core is busy
         f"{count} long connection(s) to open",
+        seen=lambda: [(c.id, c.app_id, c.closed_at) for c in fake.conns],
     )

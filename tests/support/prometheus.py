@@ -25,7 +25,7 @@ def missing() -> str:
     """Why the tests cannot run here, or ''."""
     for tool in (PROMETHEUS, PROMTOOL):
         if not Path(tool).exists():
-            return f"{tool} is missing: apt-get install prometheus (make test and .ci/run do)"
+            return f"{tool} is missing: apt-get install prometheus (make test does, as root)"
     return ""
 
 

@@ -79,10 +79,12 @@ def test_a_task_is_retried_by_its_own_policy(workers: Workers) -> None:
 def test_a_task_past_its_timeout_is_stopped_and_fails(workers: Workers) -> None:
     result = t.hangs.enqueue(60)
     workers.start(FEISHU_INBOX_POLL_INTERVAL="0.1")
-    wait_for(lambda: status(result) == Status.FAILED, 20, "the task to be stopped")
+    wait_for(lambda: status(result) == Status.FAILED, 60, "the task to be stopped")
     row = EventJob.objects.get(event_id=result.id)
     assert row.error_type.endswith("TimedOut") and "timeout of 1.5s" in row.error_message
-    assert (row.finished_at - row.claimed_at).total_seconds() < 1.5 + 1 + 2
+    # The promise: stopped at its timeout (1.5 s) and a second of grace, about 2.5 s idle; not
+    # stopped, it would run its 60 s. The bound is three times the idle figure.
+    assert (row.finished_at - row.claimed_at).total_seconds() < 8
 
 
 def test_a_task_killed_mid_run_is_recovered_by_lease_expiry(workers: Workers) -> None:
@@ -150,7 +152,9 @@ def test_a_committed_enqueue_wakes_an_idle_worker_at_once(
         stamp = int(workers.lines("stamp")[-1][2])
         latencies.append((stamp - started) / 1e9)
     assert proc.poll() is None
-    assert sorted(latencies)[2] < 0.5, latencies  # the median; polling would take up to 30 s
+    # The median: NOTIFY wakes the worker at commit, tens of milliseconds idle; polling would
+    # take up to 30 s. 2 s is far from both, and room for a machine whose every core is busy.
+    assert sorted(latencies)[2] < 2.0, latencies
 
 
 def _worker_listens() -> bool:
