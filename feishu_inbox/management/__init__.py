@@ -1,3 +1,4 @@
 """The commands (``commands``: ``runworker``, ``inbox``, ``feishu_connect``) and what they
-share: ``demo_data`` (``inbox demo-data``'s events in every state).
+share: ``operator`` (an operator's command: JSON output, ``--user``, ``inbox schedules``) and
+``demo_data`` (``inbox demo-data``'s events in every state).
 """
