@@ -140,3 +140,9 @@ DELIVERIES = _counter(
     "Deliveries from Feishu, by app, transport and what they were answered.",
     ("app", "transport", "answer"),
 )
+DATABASE_OUTAGES = _counter(
+    "feishu_inbox_database_outages",
+    "Deliveries answered 503 because the database failed, by app, transport and cause "
+    "(refused, too_many_clients, timeout, locked, other).",
+    ("app", "transport", "cause"),
+)

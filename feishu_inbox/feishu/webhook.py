@@ -10,10 +10,11 @@ answers 503, so Feishu redelivers; 2xx is sent only after the commit.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
-from django.db import DatabaseError, DataError
+from django.db import DatabaseError, DataError, IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -25,6 +26,33 @@ from . import inbound, protocol
 from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.webhook")
+
+
+#: The database's own words for each cause of an outage the metrics count.
+_CAUSES = (
+    (
+        "too_many_clients",
+        ("too many clients", "remaining connection slots", "too many connections"),
+    ),
+    ("refused", ("connection refused", "could not connect", "no such file or directory")),
+    ("timeout", ("timeout", "timed out", "canceling statement")),
+    ("locked", ("database is locked", "lock")),
+)
+#: A password in a connection string or a keyword (``postgres://u:pw@h``, ``password=pw``).
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)|(password\s*=\s*)\S+", re.IGNORECASE)
+
+
+def _without_password(text: str) -> str:
+    return _PASSWORD.sub(lambda m: f"{m[1]}***{m[2]}" if m[1] else f"{m[3]}***", text)
+
+
+def database_failure(exc: BaseException) -> tuple[str, str]:
+    """The cause of a database failure (a metrics label) and the database's own words: the
+    first line of its message, no password in it (the rest quotes the statement)."""
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    lowered = first.lower()
+    cause = next((c for c, words in _CAUSES if any(w in lowered for w in words)), "other")
+    return cause, _without_password(first)
 
 
 def _error(code: str, message: str, status: int) -> JsonResponse:
@@ -74,9 +102,22 @@ class EventWebhook(View):
             )
             telemetry.DELIVERIES.labels(app, "webhook", "unstorable_payload").inc()
             return _error("unstorable_payload", "The event cannot be stored as JSON.", 400)
+        except IntegrityError:
+            # Not an outage: a row check refused a value, or a bug (inbound.store answers a
+            # duplicate lost to a race as a duplicate). Redelivery would fail the same way.
+            log.exception("refused delivery (app %s, unstorable_payload): integrity error", app)
+            telemetry.DELIVERIES.labels(app, "webhook", "unstorable_payload").inc()
+            return _error("unstorable_payload", "A row check of the ledger refused the event.", 400)
         except DatabaseError as exc:
-            log.error("database unavailable, asking Feishu to redeliver: %s", type(exc).__name__)
+            cause, words = database_failure(exc)
+            log.error(
+                "database unavailable (%s), asking Feishu to redeliver: %s: %s",
+                cause,
+                type(exc).__name__,
+                words,
+            )
             telemetry.DELIVERIES.labels(app, "webhook", "database_unavailable").inc()
+            telemetry.DATABASE_OUTAGES.labels(app, "webhook", cause).inc()
             response = _error(
                 "database_unavailable", "The event could not be stored; retry later.", 503
             )

@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from django.core.checks import run_checks
-from django.db import connection, connections
+from django.db import IntegrityError, OperationalError, connection, connections
 from django.test import Client, override_settings
 
-from feishu_inbox import EventKeys, card_callback, event_keys
+from feishu_inbox import EventKeys, card_callback, event_keys, telemetry
+from feishu_inbox.feishu import inbound
 from feishu_inbox.feishu import protocol as feishu
+from feishu_inbox.feishu.webhook import database_failure
 from feishu_inbox.models import EventJob, Partition
 from tests.support.feishu_client import (
     ENCRYPT_KEY,
@@ -402,8 +404,13 @@ def test_slow_or_failing_card_callback_answers_empty_within_the_budget() -> None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_database_unavailable_is_503_and_nothing_half_written() -> None:
+def test_database_unavailable_is_503_and_nothing_half_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     body, headers = delivery(message_event())
+    cause = "locked" if connection.vendor == "sqlite" else "refused"
+    counted = telemetry.DATABASE_OUTAGES.labels("default", "webhook", cause)
+    before = counted._value.get() if hasattr(counted, "_value") else None
     db = connection.settings_dict
     if connection.vendor == "sqlite":
         # Another process holds the write lock longer than our busy timeout.
@@ -432,6 +439,13 @@ def test_database_unavailable_is_503_and_nothing_half_written() -> None:
     assert response.json()["error"] == "database_unavailable"
     assert response["Retry-After"]
     assert nothing_stored()
+    # The log line says the database's own words and its cause, and the cause is counted.
+    line = next(r.getMessage() for r in caplog.records if "database unavailable" in r.message)
+    assert f"({cause})" in line, line
+    words = "database is locked" if connection.vendor == "sqlite" else "connection"
+    assert words in line.lower(), line
+    if before is not None:
+        assert counted._value.get() == before + 1
     # Feishu redelivers; now it is stored.
     assert post(body, headers).status_code == 200
     assert EventJob.objects.count() == 1
@@ -481,6 +495,41 @@ def test_payload_the_database_cannot_store_is_400_not_503() -> None:
     response = send(envelope)
     assert (response.status_code, response.json()["error"]) == (400, "unstorable_payload")
     assert nothing_stored()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_integrity_error_is_400_with_its_traceback_not_503(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise IntegrityError("CHECK constraint failed: feishu_inbox_job_status_valid")
+
+    monkeypatch.setattr(inbound, "store", refused)
+    response = send(message_event())
+    assert (response.status_code, response.json()["error"]) == (400, "unstorable_payload")
+    record = next(r for r in caplog.records if "integrity error" in r.getMessage())
+    assert record.exc_info is not None  # logged with its traceback
+    assert nothing_stored()
+
+
+def test_a_database_failure_is_told_in_its_own_words_without_its_password() -> None:
+    cause, words = database_failure(
+        OperationalError(
+            'connection to server at "db" failed: FATAL: sorry, too many clients already\n'
+            "password=hunter2 postgres://app:hunter2@db/x"
+        )
+    )
+    assert (cause, words) == (
+        "too_many_clients",
+        'connection to server at "db" failed: FATAL: sorry, too many clients already',
+    )
+    assert (
+        "hunter2"
+        not in database_failure(
+            OperationalError("could not connect: postgres://app:hunter2@db/x password=hunter2")
+        )[1]
+    )
+    assert database_failure(OperationalError("database is locked"))[0] == "locked"
 
 
 # --- absurd nesting: refused without recursion, before or without parsing --------------------

@@ -98,7 +98,12 @@ FIELDS = (
     ("event", "sender", "sender_id", "open_id"),
     ("event", "sender"),
     ("event",),
+    ("event", "type"),
+    ("header", "app_id"),
+    ("header", "tenant_key"),
     ("schema",),
+    ("challenge",),
+    ("type",),
 )
 
 
@@ -212,3 +217,41 @@ def test_signed_deliveries_with_any_timestamp(timestamp: str, n: int) -> None:
 def test_unsigned_bytes_and_headers(body: bytes, headers: dict[str, str]) -> None:
     before = EventJob.objects.count()
     check(post(body, headers), None, before)
+
+
+# --- numbers Python's json reads as infinite -----------------------------------------------------
+
+#: A JSON number too large for a double (``1e999``, ``-1e400``): Python's json reads it as an
+#: infinite float, which no database stores as JSON (SQLite's JSON check refused it as an
+#: IntegrityError, answered 503 before). ``json.dumps`` never writes one, so the fuzzers above
+#: never sent one: these are spliced into the text.
+overflowing = st.sampled_from(
+    ["1e999", "-1e400", "1E+309", "9" * 400 + ".5", "1.5e99999", "9" * 400, '[1e999, "a\\udfff"]']
+)
+
+
+@FUZZ
+@given(
+    field=st.sampled_from(FIELDS),
+    number=overflowing,
+    nested=st.booleans(),
+    others=st.lists(st.tuples(st.sampled_from(FIELDS), json_values), max_size=2),
+    n=st.integers(min_value=0, max_value=10**9),
+)
+def test_numbers_too_large_for_a_double_in_any_field(
+    field: tuple[str, ...],
+    number: str,
+    nested: bool,
+    others: list[tuple[tuple[str, ...], Any]],
+    n: int,
+) -> None:
+    marker = "__overflowing__"
+    value = {"k\udfff": [marker]} if nested else marker
+    envelope = mutated([*others, (field, value)], f"ev-big-{n}")
+    raw = json.dumps(envelope).replace(json.dumps(marker), number).encode()
+    body, headers = delivery(raw)
+    before = EventJob.objects.count()
+    response = post(body, headers)
+    assert response.status_code in DOCUMENTED, (response.status_code, response.content[:300])
+    if response.status_code != 200:
+        assert EventJob.objects.count() == before, "a refused delivery stored something"
