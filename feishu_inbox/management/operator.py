@@ -1,11 +1,13 @@
 """What the ``inbox`` command's subcommands share (JSON output, the ``--user`` an action is
-recorded under) and its ``schedules`` subcommand: list, pause, resume, run now."""
+recorded under, Django's common options after a subcommand, a positive ``--limit``) and its
+``schedules`` subcommand: list, pause, resume, run now."""
 
 from __future__ import annotations
 
 import getpass
 import json
 import logging
+from argparse import SUPPRESS, ArgumentParser, ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -13,6 +15,34 @@ from django.core.management.base import BaseCommand, CommandError
 from feishu_inbox.errors import LedgerError
 
 log = logging.getLogger("feishu_inbox.operator")
+
+
+def positive_int(value: str) -> int:
+    """A count of at least 1 (``--limit -5`` printed nothing and exited 0)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ArgumentTypeError(f"{value!r} is not a positive whole number (e.g. 50)")
+    return number
+
+
+def common_options(parsers: Any) -> None:
+    """Django's options that a subcommand's parser would refuse after it (``inbox stats
+    --settings X``; ``manage.py`` reads ``--settings`` and ``--pythonpath`` wherever they are,
+    before the command runs). SUPPRESS: an option absent after the subcommand keeps what the
+    main parser read."""
+    for parser in list(parsers):
+        if not isinstance(parser, ArgumentParser):
+            continue
+        parser.add_argument("--settings", default=SUPPRESS, help=SUPPRESS)
+        parser.add_argument("--pythonpath", default=SUPPRESS, help=SUPPRESS)
+        parser.add_argument("--traceback", action="store_true", default=SUPPRESS, help=SUPPRESS)
+        parser.add_argument("--no-color", action="store_true", default=SUPPRESS, help=SUPPRESS)
+        parser.add_argument(
+            "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=SUPPRESS, help=SUPPRESS
+        )
 
 
 class OperatorCommand(BaseCommand):

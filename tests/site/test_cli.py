@@ -29,7 +29,11 @@ def inbox(*args: str) -> str:
 
 def test_stats_json_on_a_fresh_sqlite_database_after_migrate(tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}"}
-    for args in (["migrate", "--no-input", "-v", "0"], ["inbox", "stats", "--json"]):
+    # --settings after the subcommand, as after any other command (issue 55).
+    for args in (
+        ["migrate", "--no-input", "-v", "0"],
+        ["inbox", "stats", "--json", "--settings", "project.settings"],
+    ):
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=ROOT,
@@ -50,6 +54,21 @@ def test_stats_json_on_a_fresh_sqlite_database_after_migrate(tmp_path: Path) -> 
         "unknown": 0,
     }
     assert stats["blocked_partitions"] == 0 and stats["oldest_due_age_seconds"] is None
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "many"])
+def test_list_limit_must_be_a_positive_whole_number(limit: str) -> None:
+    # Refused by the parser: printed nothing and exited 0 before (issue 55).
+    done = subprocess.run(
+        [sys.executable, "manage.py", "inbox", "list", "--limit", limit],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "not a positive whole number" in done.stderr, done.stderr
 
 
 @pytest.mark.django_db

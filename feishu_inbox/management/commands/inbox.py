@@ -23,7 +23,7 @@ from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
 from feishu_inbox.ledger.stats import stats as read_stats
-from feishu_inbox.management.operator import OperatorCommand
+from feishu_inbox.management.operator import OperatorCommand, common_options, positive_int
 from feishu_inbox.models import (
     LARGEST_JOB_ID,
     EventJob,
@@ -107,7 +107,7 @@ class Command(OperatorCommand):
             + ", ".join(f"{name} ({label})" for name, label in choices().items()),
         )
         lst.add_argument("--queue", help="django.tasks tasks of this queue")
-        lst.add_argument("--limit", type=int, default=50)
+        lst.add_argument("--limit", type=positive_int, default=50, help="at most this many (50)")
         lst.add_argument("--json", action="store_true")
         show = sub.add_parser("show", help="One job with its payload and attempts.")
         show.add_argument("id", help="a job id, or a django.tasks task result id")
@@ -150,7 +150,7 @@ class Command(OperatorCommand):
                     "--error", help="… that ended with this error type (e.g. NoHandler)"
                 )
                 action.add_argument(
-                    "--limit", type=int, default=1000, help="at most this many (1000)"
+                    "--limit", type=positive_int, default=1000, help="at most this many (1000)"
                 )
         sub.add_parser("purge", help="Delete completed jobs past retention.")
         conns = sub.add_parser(
@@ -192,6 +192,7 @@ class Command(OperatorCommand):
         listed.add_argument("--json", action="store_true")
         self._add_schedule_arguments(sub)
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
+        common_options(sub.choices.values())
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
