@@ -239,3 +239,32 @@ def _accept_queue(port: int) -> int | None:
         if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
             return int(queues.split(":")[1], 16)
     return None
+
+
+def test_rundemo_on_a_busy_port_exits_non_zero_saying_how_to_choose_another(
+    tmp_path: Path,
+) -> None:
+    """``make demo`` where something already listens: it exited 0 once gunicorn gave up, and
+    how to choose a port was written only in rundemo's source (issue 55)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = subprocess_env(
+            DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}", STATIC_ROOT=str(tmp_path / "s")
+        )
+        done = subprocess.run(
+            [sys.executable, "manage.py", "rundemo", "--bind", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode != 0, done.stdout
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "BIND=127.0.0.1:8001 make demo" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
