@@ -277,3 +277,12 @@ def test_runworker_in_process_leaves_the_signal_handlers_as_it_found_them(
     with pytest.raises(RuntimeError, match="failed to load"):
         call_command("runworker", "--burst", "-v", "0")
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.django_db
+def test_demo_data_says_what_it_added_apart_from_what_the_ledger_holds() -> None:
+    first = inbox("demo-data")
+    added = EventJob.objects.count()
+    assert first.startswith(f"added {added} example jobs; the ledger now holds: "), first
+    second = inbox("demo-data")  # totals now twice what was added: not labelled "added"
+    assert second.startswith(f"added {EventJob.objects.count() - added} example jobs;"), second

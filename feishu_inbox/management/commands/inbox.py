@@ -480,9 +480,11 @@ class Command(OperatorCommand):
     def do_demo_data(self, options: dict[str, Any]) -> None:
         from feishu_inbox.management.demo_data import fill
 
-        counts = fill()
+        before = EventJob.objects.count()
+        counts = fill()  # the ledger's totals, not what was added: said so (issue 55)
         self.stdout.write(
-            "added example events: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+            f"added {EventJob.objects.count() - before} example jobs; the ledger now holds: "
+            + ", ".join(f"{n} {state}" for state, n in counts.items())
         )
 
     def do_purge(self, options: dict[str, Any]) -> None:
