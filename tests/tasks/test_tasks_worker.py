@@ -5,9 +5,12 @@ queue, retried by their own policy, recovered by lease expiry after SIGKILL, wok
 from __future__ import annotations
 
 import itertools
+import json
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 
 from feishu_inbox import ledger
@@ -37,6 +40,10 @@ def test_one_worker_runs_feishu_events_and_tasks(workers: Workers) -> None:
     wait_for(lambda: job(event).status == "completed", 30, "the event")
     assert t.add.get_result(added.id).return_value == 42
     assert workers.lines("email", "c@example.com")
+    # `inbox show` of a task shows its return value, as the admin does (issue 55).
+    out = StringIO()
+    call_command("inbox", "show", added.id, "--json", stdout=out)
+    assert json.loads(out.getvalue())["return_value"] == 42
 
 
 def test_a_queue_worker_leaves_other_queues_and_events_alone(workers: Workers) -> None:

@@ -28,10 +28,12 @@ from feishu_inbox.models import (
     LARGEST_JOB_ID,
     EventJob,
     Status,
+    Step,
     job_as_dict,
     job_id_from_text,
 )
 from feishu_inbox.tasks.jobs import APP as TASKS_APP
+from feishu_inbox.tasks.jobs import RETURN_STEP
 
 log = logging.getLogger("feishu_inbox.operator")
 
@@ -271,11 +273,14 @@ class Command(OperatorCommand):
             }
             for a in job.attempts.all()
         ]
+        if job.app == TASKS_APP:  # a django.tasks task: its return value, as the admin shows
+            returned = Step.objects.filter(job_id=job.pk, name=RETURN_STEP).first()
+            data["return_value"] = None if returned is None else returned.result
         if options["json"]:
             self._print_json(data)
             return
         for key, value in data.items():
-            if key in ("payload", "attempts"):
+            if key in ("payload", "attempts", "return_value"):
                 value = json.dumps(value, indent=2, default=str, ensure_ascii=False)
             self.stdout.write(f"{key}: {value}")
 
