@@ -153,7 +153,7 @@ class OperatorCommand(BaseCommand):
             job = outcome.job_ids.get(name)
             self.stdout.write(f"schedule {name}: {label.lower()}" + (f": job {job}" if job else ""))
         for name, error in outcome.refused.items():
-            self.stderr.write(f"schedule {name}: refused: {error}")
+            self.stderr.write(f"schedule {name}: refused: {error.described()}")
         if outcome.refused:
             raise CommandError(
                 f"{len(outcome.refused)} of {len(outcome.done) + len(outcome.refused)} "

@@ -239,10 +239,12 @@ def test_schedules_list_pause_resume_run_now_with_the_user_recorded() -> None:
         call_command(
             "inbox", "schedules", "pause", "digest", "ghost", stdout=StringIO(), stderr=err
         )
-    assert "schedule digest: refused: Cannot pause schedule 'digest': it is already paused" in (
-        err.getvalue()
-    )
-    assert "schedule ghost: refused:" in err.getvalue()
+    # In the [code] message — fix form of every other refusal (issue 55).
+    refused = err.getvalue()
+    paused = "[invalid_state] Cannot pause schedule 'digest': it is already paused"
+    assert f"schedule digest: refused: {paused}" in refused, refused
+    assert "schedule ghost: refused: [" in err.getvalue()
+    assert err.getvalue().count(" — ") >= 2, err.getvalue()
     inbox("schedules", "resume", "digest", "--user", "oncall")
     out = inbox("schedules", "run-now", "digest", "--user", "oncall")
     job = EventJob.objects.get(event_type="schedule.digest")
