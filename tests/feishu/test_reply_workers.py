@@ -83,6 +83,27 @@ def test_a_reply_from_an_app_without_credentials_fails_at_once_with_its_fix(
     assert not row.side_effect_started
 
 
+def test_a_reply_with_a_wrong_app_secret_fails_at_once_with_feishus_code_and_the_fix(
+    workers: Workers, fake: FakeFeishu
+) -> None:
+    """Feishu's Open API refuses the app's credentials (the token call's non-zero code): no
+    retry can heal it, so the job fails on its first attempt with Feishu's code and the fix
+    (issue 55), as the admin and ``inbox show`` then show it."""
+    job_id = enqueue_message(fake, 1, "oc_wrongsecret")
+    env = {
+        **worker_env(fake),
+        "FEISHU_APP_SECRET": "not-the-secret",
+        "FEISHU_INBOX_MAX_ATTEMPTS": "5",
+    }
+    proc = workers.start("--burst", **env)
+    assert proc.wait(60) == 0, workers.stderr(proc)
+    row = EventJob.objects.get(pk=job_id)
+    assert (row.status, row.attempt, row.error_type) == ("failed", 1, "FeishuBusinessError")
+    assert row.error_message.startswith("[feishu_business] Could not get a tenant access token")
+    assert "Credentials page" in row.error_message  # the fix
+    assert not fake.messages
+
+
 def test_replies_through_killed_workers_each_go_out_once_in_order(
     workers: Workers, fake: FakeFeishu
 ) -> None:
