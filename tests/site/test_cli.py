@@ -288,3 +288,16 @@ def test_demo_data_says_what_it_added_apart_from_what_the_ledger_holds() -> None
     assert first.startswith(f"added {added} example jobs; the ledger now holds: "), first
     second = inbox("demo-data")  # totals now twice what was added: not labelled "added"
     assert second.startswith(f"added {EventJob.objects.count() - added} example jobs;"), second
+
+
+def test_list_kind_help_names_exactly_its_choices() -> None:
+    # The help once said "events, schedules or tasks" while the choices were singular (issue 55).
+    from feishu_inbox.ledger.kinds import choices
+    from feishu_inbox.management.commands.inbox import Command
+
+    parser = Command().create_parser("manage.py", "inbox")
+    sub = next(a for a in parser._actions if a.dest == "action")
+    kind = next(a for a in sub.choices["list"]._actions if a.dest == "kind")  # type: ignore[attr-defined]
+    assert sorted(kind.choices) == sorted(choices())
+    for name in kind.choices:
+        assert f"{name} (" in kind.help, kind.help
