@@ -142,7 +142,7 @@ DELIVERIES = _counter(
 )
 DATABASE_OUTAGES = _counter(
     "feishu_inbox_database_outages",
-    "Deliveries answered 503 because the database failed, by app, transport and cause "
+    "Deliveries not stored because the database failed (webhook 503, long connection 500), by app, transport and cause "
     "(refused, too_many_clients, timeout, locked, other).",
     ("app", "transport", "cause"),
 )

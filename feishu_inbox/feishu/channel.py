@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from django.db import DatabaseError, DataError, close_old_connections
+from django.db import DatabaseError, DataError, IntegrityError, close_old_connections
 
 from .. import telemetry
 from ..conf import LOOPBACK_HOSTS, InboxSettings, openapi_base_url
@@ -51,6 +51,7 @@ from ..errors import InboxError
 from . import frames, inbound, protocol
 from .fragments import Fragments, int_header
 from .frames import CONTROL, DATA, Frame, FrameError
+from .inbound import database_failure
 from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.connection")
@@ -509,14 +510,23 @@ class Channel:
             raise ProtocolError(
                 "unstorable_payload", f"The database refused it: {reason}."
             ) from exc
+        except IntegrityError as exc:  # a row check or a bug, not an outage: as the webhook
+            log.exception("event %s (app %s): integrity error", envelope.event_id, self.app)
+            raise ProtocolError(
+                "unstorable_payload", "A row check of the ledger refused the event."
+            ) from exc
         except DatabaseError as exc:
+            cause, words = database_failure(exc)
             log.error(
-                "database unavailable, event %s (app %s) gets no success ACK: %s",
+                "database unavailable (%s), event %s (app %s) gets no success ACK: %s: %s",
+                cause,
                 envelope.event_id,
                 self.app,
                 type(exc).__name__,
+                words,
             )
             telemetry.DELIVERIES.labels(self.app, "long_connection", "not_stored").inc()
+            telemetry.DATABASE_OUTAGES.labels(self.app, "long_connection", cause).inc()
             return Outcome(500)
         if created is None:
             log.error(

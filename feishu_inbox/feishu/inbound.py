@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -126,3 +127,30 @@ def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[st
 def encode_answer(answer: dict[str, Any]) -> bytes:
     """A card callback's answer as JSON (dates and decimals as Django's JsonResponse does)."""
     return json.dumps(answer, cls=DjangoJSONEncoder).encode()
+
+
+#: The database's own words for each cause of an outage the metrics count.
+_CAUSES = (
+    (
+        "too_many_clients",
+        ("too many clients", "remaining connection slots", "too many connections"),
+    ),
+    ("refused", ("connection refused", "could not connect", "no such file or directory")),
+    ("timeout", ("timeout", "timed out", "canceling statement")),
+    ("locked", ("database is locked", "lock")),
+)
+#: A password in a connection string or a keyword (``postgres://u:pw@h``, ``password=pw``).
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)|(password\s*=\s*)\S+", re.IGNORECASE)
+
+
+def _without_password(text: str) -> str:
+    return _PASSWORD.sub(lambda m: f"{m[1]}***{m[2]}" if m[1] else f"{m[3]}***", text)
+
+
+def database_failure(exc: BaseException) -> tuple[str, str]:
+    """The cause of a database failure (a metrics label) and the database's own words: the
+    first line of its message, no password in it (the rest quotes the statement)."""
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    lowered = first.lower()
+    cause = next((c for c, words in _CAUSES if any(w in lowered for w in words)), "other")
+    return cause, _without_password(first)
