@@ -142,7 +142,7 @@ DELIVERIES = _counter(
 )
 DATABASE_OUTAGES = _counter(
     "feishu_inbox_database_outages",
-    "Deliveries not stored because the database failed (webhook 503, long connection 500), by app, transport and cause "
-    "(refused, too_many_clients, timeout, locked, other).",
+    "Deliveries not stored because the database failed (webhook 503, long connection 500), "
+    "by app, transport and cause (refused, too_many_clients, timeout, locked, other).",
     ("app", "transport", "cause"),
 )
