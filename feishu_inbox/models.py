@@ -26,6 +26,7 @@ class Status(models.TextChoices):
     COMPLETED = "completed", "completed"
     FAILED = "failed", "failed"
     UNKNOWN = "unknown", "unknown"
+    WAITING = "waiting", "waiting"  # SPEC §9e: no lease; resumed by a signal or its time
 
 
 #: States that hold their partition until an operator acts.
@@ -200,6 +201,7 @@ class PartitionState(models.TextChoices):
     RETRY_WAIT = "retry_wait", "retry wait"
     FAILED = "failed", "failed"
     UNKNOWN = "unknown", "unknown"
+    WAITING = "waiting", "waiting"
 
 
 class Partition(models.Model):
@@ -593,3 +595,6 @@ class WorkerBeat(models.Model):
         if self.excluded_queues:
             return f"every job but tasks of {self.excluded_queues.replace(',', ', ')}"
         return "every job"
+
+
+from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)

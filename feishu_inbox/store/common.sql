@@ -203,11 +203,13 @@ SELECT id FROM {job}
 WHERE status = '{unknown}' AND finished_at < feishu_inbox_now_plus(-%(seconds)s)
 
 -- next_wakeup --
--- The earliest time a claim may find work: a due head or a lease to expire.
+-- The earliest time a claim may find work: a due head, a lease to expire or a wait's time.
 SELECT MIN(t) AS wakeup FROM (
     SELECT MIN(head_due_at) AS t FROM {partition} WHERE head_state IN {claimable}
     UNION ALL
     SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
+    UNION ALL
+    SELECT MIN(until) AS t FROM {wait} WHERE state = 'open'
 ) AS w
 
 -- now --
@@ -421,7 +423,7 @@ WHERE key = %(partition_key)s AND head_id = %(job_id)s
 -- next_wakeup_in_queues --
 -- next_wakeup, for a worker of some queues only (runworker --queue): due heads of the
 -- partitions whose key starts with one of the prefixes (%(excluding)s, runworker
--- --exclude-queues: with none of them), or a lease to expire.
+-- --exclude-queues: with none of them), a lease to expire or a wait's time.
 SELECT MIN(t) AS wakeup FROM (
     SELECT MIN(p.head_due_at) AS t FROM {partition} p
     WHERE p.head_state IN {claimable}
@@ -429,6 +431,8 @@ SELECT MIN(t) AS wakeup FROM (
           <> %(excluding)s
     UNION ALL
     SELECT MIN(lease_until) AS t FROM {job} WHERE status = '{running}'
+    UNION ALL
+    SELECT MIN(until) AS t FROM {wait} WHERE state = 'open'
 ) AS w
 
 -- partitions_of_jobs --
@@ -441,3 +445,55 @@ SELECT DISTINCT partition_key FROM {job} WHERE id IN {job_ids}
 UPDATE {job} SET available_at = %(until)s
 WHERE id IN {job_ids} AND status IN {claimable}
 RETURNING id
+
+-- enter_wait --
+-- A running job starts to wait (SPEC §9e), fenced: `waiting`, its lease cleared and its
+-- attempt given back (as hand_back). Refused (nothing matched) while an effect is in flight
+-- or uncertain, once an operator cancelled it, or when an earlier attempt started an effect
+-- (idempotent_since before this claim): that effect's outcome is no step's memo. The effects
+-- this attempt finished were each inside a recorded step (the handler API refuses a wait
+-- otherwise), so a resumed run repeats none of them: the job may be claimed again, and its
+-- effect flags and window are cleared (SPEC invariant 3, as waits reword it).
+UPDATE {job} SET status = '{waiting}', attempt = attempt - 1, available_at = now(),
+    side_effect_started = FALSE, idempotent_until = NULL, idempotent_since = NULL,
+    error_type = 'Waiting', error_message = %(message)s,
+    lease_token = '', lease_until = NULL
+WHERE {fence} AND NOT {effect_open} AND NOT cancel_requested
+  AND NOT COALESCE(idempotent_since < claimed_at, FALSE)
+RETURNING status
+
+-- job_wait --
+-- A job's wait of this name (its memo): its state and payload, if the job ever waited so.
+SELECT id, key, state, payload, until FROM {wait} WHERE job_id = %(job_id)s AND name = %(name)s
+
+-- take_kept_signal --
+-- The oldest unexpired signal kept for a key, taken (deleted) by the job that waits for it.
+DELETE FROM {signal} WHERE id = (
+    SELECT id FROM {signal} WHERE key = %(key)s AND expires_at > now() ORDER BY key, id LIMIT 1
+)
+RETURNING payload
+
+-- waiter_of_key --
+-- The open wait of a key that a signal resolves: the oldest, if several wait for it.
+SELECT id FROM {wait} WHERE key = %(key)s AND state = 'open' ORDER BY id LIMIT 1
+
+-- resume_job --
+-- A waiting job whose wait was resolved goes back to its place in its chat: queued (retry_wait
+-- when it had attempts before), due now; its head follows (resync_head).
+UPDATE {job} SET status = CASE WHEN attempt > 0 THEN '{retry_wait}' ELSE '{queued}' END,
+    available_at = now(), error_type = '', error_message = ''
+WHERE id = %(job_id)s AND status = '{waiting}'
+RETURNING partition_key
+
+-- wait_partition --
+-- The partition of the job of a wait.
+SELECT j.partition_key AS partition_key, j.id AS job_id
+FROM {wait} w JOIN {job} j ON j.id = w.job_id WHERE w.id = %(wait_id)s
+
+-- next_wait_deadline --
+-- The earliest time an open wait times out.
+SELECT MIN(until) AS until FROM {wait} WHERE state = 'open'
+
+-- purge_expired_signals --
+-- Signals kept past their time, which no waiter took.
+DELETE FROM {signal} WHERE expires_at <= now()

@@ -588,7 +588,7 @@ $$;
 -- expressions whose plans stay cached.
 --
 -- The conditions are the constraints' (models.py), NULL passing as in a CHECK:
--- * feishu_inbox_job_status_valid: the status is one of the job statuses;
+-- * feishu_inbox_job_status_valid: the status is one of the job statuses (0030: waiting too);
 -- * feishu_inbox_job_lease_iff_running: a lease (until, token, worker) exactly while running;
 -- * the PositiveIntegerField checks of attempt, effects_in_flight, replays, max_attempts;
 -- * feishu_inbox_partition_head_iff_busy: a head exactly when the partition is not idle.
@@ -600,7 +600,7 @@ DECLARE
     v_failed text;
 BEGIN
     IF NOT (NEW.status = ANY (ARRAY['{queued}', '{running}', '{retry_wait}', '{completed}',
-                                    '{failed}', '{unknown}'])) THEN
+                                    '{failed}', '{unknown}', '{waiting}'])) THEN
         v_failed := 'feishu_inbox_job_status_valid';
     ELSIF NOT (CASE WHEN NEW.status = '{running}'
                     THEN NEW.lease_until IS NOT NULL AND NEW.lease_token <> ''

@@ -212,3 +212,38 @@ WITH wanted AS (
     WHERE b.key = l.key AND s.complete
 )
 SELECT v.wait, s.found FROM verdict v CROSS JOIN stamp s
+
+-- lock_signal_key --
+-- A signal and a wait of one key take turns (a transaction-scoped advisory lock, released at
+-- commit): a wait that finds no kept signal and a signal that finds no open wait can never
+-- both miss each other.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7483))
+
+-- insert_wait --
+-- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
+-- (NULL: no time limit). %(payload)s is JSON text.
+INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at)
+VALUES (%(job_id)s, %(name)s, %(key)s,
+        CASE WHEN %(seconds)s::float8 IS NULL THEN NULL
+             ELSE now() + %(seconds)s::float8 * interval '1 second' END,
+        %(state)s, TRUE, %(payload)s::jsonb, now(),
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END)
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id
+
+-- resolve_wait --
+-- The exactly-once gate (SPEC §9e): an open wait becomes delivered (a signal's payload, JSON
+-- text) or timed_out, by one conditional update; whoever comes second matches nothing.
+UPDATE {wait} SET state = %(state)s, payload = %(payload)s::jsonb, resolved_at = now()
+WHERE id = %(wait_id)s AND state = 'open'
+RETURNING job_id
+
+-- keep_signal --
+-- A signal nobody waits for yet, kept %(seconds)s seconds for its waiter.
+INSERT INTO {signal} (key, payload, sent_at, expires_at)
+VALUES (%(key)s, %(payload)s::jsonb, now(), now() + %(seconds)s * interval '1 second')
+
+-- due_waits --
+-- Open waits whose time came, oldest deadline first; rows another worker holds are skipped.
+SELECT id FROM {wait} WHERE state = 'open' AND until <= now()
+ORDER BY until LIMIT %(limit)s FOR UPDATE SKIP LOCKED

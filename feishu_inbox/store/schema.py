@@ -19,6 +19,7 @@ from ..models import (
     Status,
     Step,
 )
+from ..waiting import Signal, Wait
 
 JOB_TABLE = EventJob._meta.db_table
 PARTITION_TABLE = Partition._meta.db_table
@@ -28,6 +29,8 @@ STEP_TABLE = Step._meta.db_table
 CARD_STREAM_TABLE = CardStream._meta.db_table
 RATE_BUCKET_TABLE = RateBucket._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
+WAIT_TABLE = Wait._meta.db_table
+SIGNAL_TABLE = Signal._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
 #: The NOTIFY payload saying a schedule was paused or resumed: workers look at their schedules
@@ -44,6 +47,7 @@ RETRY_WAIT = Status.RETRY_WAIT.value
 COMPLETED = Status.COMPLETED.value
 FAILED = Status.FAILED.value
 UNKNOWN = Status.UNKNOWN.value
+WAITING = Status.WAITING.value
 IDLE = PartitionState.IDLE.value
 
 #: The columns a claim returns (``ledger.ClaimedJob.from_row`` reads them by name).
@@ -137,6 +141,8 @@ SQL_NAMES: dict[str, str] = {
     "card_stream": CARD_STREAM_TABLE,
     "rate_bucket": RATE_BUCKET_TABLE,
     "schedule": SCHEDULE_TABLE,
+    "wait": WAIT_TABLE,
+    "signal": SIGNAL_TABLE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)
     "queued": QUEUED,
@@ -145,6 +151,7 @@ SQL_NAMES: dict[str, str] = {
     "completed": COMPLETED,
     "failed": FAILED,
     "unknown": UNKNOWN,
+    "waiting": WAITING,
     "idle": IDLE,
     "claimable": f"('{QUEUED}', '{RETRY_WAIT}')",
     "unresolved": UNRESOLVED,

@@ -147,3 +147,38 @@ ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 -- Differs from PostgreSQL (clock_timestamp(), not the transaction's start): the host's
 -- clock, as now() is here.
 SELECT now() AS now
+
+-- lock_signal_key --
+-- A signal and a wait of one key take turns. Differs from PostgreSQL: nothing to lock, the
+-- write transaction (IMMEDIATE) is the only writer.
+SELECT 1 AS locked
+
+-- insert_wait --
+-- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
+-- (NULL: no time limit). Differs from PostgreSQL: JSON is text, no casts.
+INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at)
+VALUES (%(job_id)s, %(name)s, %(key)s,
+        CASE WHEN %(seconds)s IS NULL THEN NULL ELSE feishu_inbox_now_plus(%(seconds)s) END,
+        %(state)s, TRUE, %(payload)s, now(),
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END)
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id
+
+-- resolve_wait --
+-- The exactly-once gate: an open wait becomes delivered or timed_out by one conditional
+-- update. Differs from PostgreSQL: JSON is text, no casts.
+UPDATE {wait} SET state = %(state)s, payload = %(payload)s, resolved_at = now()
+WHERE id = %(wait_id)s AND state = 'open'
+RETURNING job_id
+
+-- keep_signal --
+-- A signal nobody waits for yet, kept %(seconds)s seconds. Differs from PostgreSQL: JSON is
+-- text, the time from feishu_inbox_now_plus.
+INSERT INTO {signal} (key, payload, sent_at, expires_at)
+VALUES (%(key)s, %(payload)s, now(), feishu_inbox_now_plus(%(seconds)s))
+
+-- due_waits --
+-- Open waits whose time came, oldest deadline first. Differs from PostgreSQL: no SKIP
+-- LOCKED (one writer).
+SELECT id FROM {wait} WHERE state = 'open' AND until <= now()
+ORDER BY until LIMIT %(limit)s

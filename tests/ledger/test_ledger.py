@@ -576,6 +576,7 @@ def test_stats_counts_states_due_delayed_and_blocked() -> None:
         "completed": 0,
         "failed": 1,
         "unknown": 1,
+        "waiting": 0,
     }
     assert (stats.due, stats.delayed, stats.blocked_partitions) == (2, 1, 2)
     assert stats.due_behind_head == 1  # the job behind the unknown head; "q" is claimable

@@ -52,6 +52,7 @@ def test_stats_json_on_a_fresh_sqlite_database_after_migrate(tmp_path: Path) -> 
         "completed": 0,
         "failed": 0,
         "unknown": 0,
+        "waiting": 0,
     }
     assert stats["blocked_partitions"] == 0 and stats["oldest_due_age_seconds"] is None
 
