@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import Cancelled, LeaseLost, Superseded, TimedOut
+from .errors import Cancelled, LeaseLost, NoWaiter, Superseded, TimedOut, WaitRefused, WaitTimedOut
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
 from .feishu.streams import stream_reply, stream_send
@@ -12,6 +12,7 @@ from .runtime.context import Event
 from .runtime.handlers import checkpoint, effect
 from .runtime.registry import handler
 from .runtime.steps import step
+from .runtime.waits import signal, sleep, sleep_until, wait_for
 from .schedules import schedule
 
 __version__ = "0.2.0"
@@ -22,12 +23,15 @@ __all__ = [
     "Event",
     "EventKeys",
     "LeaseLost",
+    "NoWaiter",
     "RateLimit",
     "RetryAfter",
     "RetryAt",
     "RetryPolicy",
     "Superseded",
     "TimedOut",
+    "WaitRefused",
+    "WaitTimedOut",
     "card_callback",
     "checkpoint",
     "client",
@@ -37,7 +41,11 @@ __all__ = [
     "reply",
     "schedule",
     "send",
+    "signal",
+    "sleep",
+    "sleep_until",
     "step",
     "stream_reply",
     "stream_send",
+    "wait_for",
 ]

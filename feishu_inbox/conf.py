@@ -32,6 +32,8 @@ class InboxSettings:
     COMPLETED_RETENTION: timedelta = timedelta(days=7)
     #: How long ``unknown`` jobs are kept; ``None`` = until an operator reconciles them.
     UNKNOWN_RETENTION: timedelta | None = None
+    #: How long a signal sent before its waiter waits is kept for it (``feishu_inbox.signal``).
+    SIGNAL_KEEP: timedelta = timedelta(days=1)
     #: Let a newer private (p2p) message supersede the running one at its checkpoint.
     INTERRUPT_PRIVATE: bool = True
     #: Rows deleted per purge transaction (purging never holds long locks).
@@ -137,6 +139,8 @@ class InboxSettings:
                 "may end `unknown`, and an expiring unknown job would silently drop an "
                 "effect nobody reconciled."
             )
+        if not isinstance(self.SIGNAL_KEEP, timedelta) or self.SIGNAL_KEEP.total_seconds() <= 0:
+            problems.append(f"SIGNAL_KEEP must be a positive duration (got {self.SIGNAL_KEEP}).")
         if self.PURGE_BATCH_SIZE < 1:
             problems.append(f"PURGE_BATCH_SIZE must be at least 1 (got {self.PURGE_BATCH_SIZE}).")
         if self.PURGE_INTERVAL is not None and self.PURGE_INTERVAL < 1:
@@ -289,10 +293,11 @@ def unknown_keys() -> list[str]:
     return sorted(k for k in raw_settings() if k not in _FIELDS)
 
 
+_DURATIONS = ("COMPLETED_RETENTION", "UNKNOWN_RETENTION", "WORKER_RETENTION", "SIGNAL_KEEP")
+
+
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("COMPLETED_RETENTION", "UNKNOWN_RETENTION", "WORKER_RETENTION") and isinstance(
-        value, int | float
-    ):
+    if name in _DURATIONS and isinstance(value, int | float):
         return timedelta(seconds=value)
     return value
 

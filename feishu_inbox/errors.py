@@ -110,6 +110,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Find what it waited on (the attempt's history names the timeout); raise the timeout "
         "with @handler(..., timeout=...) if the work is genuinely that long.",
     ),
+    "wait_timed_out": (
+        "A job's wait for a signal reached its timeout before the signal came.",
+        "Catch feishu_inbox.WaitTimedOut in the handler to act on the timeout; uncaught, the "
+        "job fails at once (running it again would only time out again).",
+    ),
+    "wait_refused": (
+        "A handler may not wait here: an effect of this attempt ran outside a step (a resumed "
+        "run would repeat it), the job is a django.tasks task, or the wait's name or key "
+        "differs from what an earlier run of the job waited for.",
+        "Put each effect before a wait inside feishu_inbox.step(); wait only in Feishu "
+        "handlers and schedules; keep a handler's waits in the same order on every run.",
+    ),
+    "no_waiter": (
+        "No job waits for this signal's key, and the signal was sent with keep=False.",
+        "Send it with keep=True (the default) to keep it for the job that will wait, or check "
+        "the key.",
+    ),
     "lease_lost": (
         "The worker no longer holds the job: its lease expired or another worker took it.",
         "Stop working on it; lease expiry recovers it. If this happens often, raise LEASE_SECONDS.",
@@ -311,6 +328,29 @@ class IdempotencyWindowPassed(LedgerError):
     code = "idempotency_window_passed"
 
 
+class WaitTimedOut(LedgerError):
+    """Raised by ``wait_for`` in the handler when the wait's timeout came before a signal.
+    A handler that does not catch it fails its job at once (``final``): a run again would
+    find the same memoized timeout."""
+
+    code = "wait_timed_out"
+    final = True
+
+
+class WaitRefused(LedgerError):
+    """A wait that would break a promise: after an effect outside a step, in a django.tasks
+    task, or unlike the wait an earlier run recorded under its name. Nothing changed."""
+
+    code = "wait_refused"
+    final = True
+
+
+class NoWaiter(LedgerError):
+    """``signal(key, keep=False)`` found no job waiting for ``key``; nothing changed."""
+
+    code = "no_waiter"
+
+
 class LeaseLost(LedgerError):
     """The caller no longer holds the job: its lease expired, or another worker took it over.
 
@@ -345,6 +385,17 @@ class Deferred(BaseException):
         super().__init__(reason)
         self.seconds = seconds
         self.reason = reason
+
+
+class Suspended(BaseException):
+    """Raised by a wait inside a handler whose wait is recorded open: the worker gives the job
+    its ``waiting`` state (no lease, no slot) and the handler's thread back. A ``BaseException``
+    for the same reason as ``Superseded``; a handler never needs to catch it."""
+
+    def __init__(self, name: str, what: str) -> None:
+        super().__init__(what)
+        self.name = name
+        self.what = what
 
 
 class TimedOut(BaseException):

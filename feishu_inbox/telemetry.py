@@ -117,6 +117,16 @@ WRITE_RETRIES = _counter(
 STEPS = _counter("feishu_inbox_steps", "Steps, by whether they ran.", ("result",))
 #: result: started, done, uncertain (it raised: the job will end unknown unless idempotent).
 EFFECTS = _counter("feishu_inbox_effects", "Effects, by how they went.", ("result",))
+#: event: suspended (a job started to wait), signalled (a signal resumed one), kept (a signal
+#: nobody waited for yet, kept), timed_out (a wait's time came), by_operator.
+WAITS = _counter("feishu_inbox_waits", "Waits of jobs, by what happened to them.", ("event",))
+#: How long a resumed job waited, from its wait's start to the resumed handler reading it.
+WAITED_SECONDS = _histogram(
+    "feishu_inbox_waited_seconds",
+    "Seconds a job waited (a sleep or a wait for a signal) until its handler resumed.",
+    ("outcome",),
+    (0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 900, 3600, 21600, 86400, 604800),
+)
 
 # --- Feishu -------------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ class WaitState(models.TextChoices):
     OPEN = "open", "open"
     DELIVERED = "delivered", "delivered"
     TIMED_OUT = "timed_out", "timed out"
+    #: An operator cancelled its job while it waited: no signal or time resolves it.
+    CANCELLED = "cancelled", "cancelled"
 
 
 class Wait(models.Model):
@@ -27,6 +29,9 @@ class Wait(models.Model):
     #: The wait's name in its job (``wait:1``, ``wait:2``… in the order the handler waits,
     #: unless the handler names it): a resumed handler finds its outcome by it.
     name = models.CharField(max_length=128)
+    #: The chat (partition) the job waits in. A job that gives its chat back while it waits is
+    #: moved out of it (its own partition key, ``parked_key``); it goes back here to resume.
+    partition_key = models.CharField(max_length=255, blank=True, default="")
     #: The signal's key; "" for a sleep.
     key = models.CharField(max_length=255, blank=True, default="")
     #: When it times out (a sleep: when it ends); None: never.

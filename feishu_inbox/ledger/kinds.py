@@ -65,6 +65,9 @@ class JobKind:
     timeout: Callable[[str], float | None] = _no_timeout
     #: What a failed attempt records (error type, message).
     describe_error: Callable[[BaseException], tuple[str, str]] = _class_and_text
+    #: Whether its handlers may wait (SPEC §9e); a kind whose callers expect one run to the
+    #: end (a django.tasks task's result) refuses a wait with ``WaitRefused``.
+    can_wait: bool = True
 
 
 #: Feishu events: every event type no other kind claims.

@@ -101,7 +101,10 @@ RECONCILE_NOT_APPLIED = OperatorAction(
     "reconcile", "run_again", (Status.UNKNOWN,), Resolution.NOT_APPLIED
 )
 CANCEL = OperatorAction(
-    "cancel", "cancel", (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING), Resolution.CANCELLED
+    "cancel",
+    "cancel",
+    (Status.QUEUED, Status.RETRY_WAIT, Status.WAITING, Status.RUNNING),
+    Resolution.CANCELLED,
 )
 EXPIRE_UNKNOWN = OperatorAction("expire", "expire_unknown", (Status.UNKNOWN,), Resolution.EXPIRED)
 
@@ -131,7 +134,8 @@ def discard(job_ids: Iterable[int]) -> Outcome:
 
 
 def cancel(job_ids: Iterable[int]) -> Outcome:
-    """``queued``/``retry_wait`` → ``completed`` (``Cancelled``) at once; a ``running`` job is
+    """``queued``/``retry_wait``/``waiting`` → ``completed`` (``Cancelled``) at once (a waiting
+    job's open wait closes: no signal is spent on it); a ``running`` job is
     asked to stop (``Outcome.pending``): its handler stops at its next checkpoint or effect
     with ``Cancelled``, and it ends ``completed`` (``unknown`` if an effect is uncertain)."""
     return CANCEL.apply(job_ids)

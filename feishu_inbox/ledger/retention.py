@@ -32,18 +32,22 @@ class PurgeResult:
     unknown_expired: int
     #: Idle partition rows (one per chat) with no job left in the ledger.
     partitions_deleted: int = 0
+    #: Signals kept for a waiter past SIGNAL_KEEP, which no job took (SPEC §9e).
+    signals_deleted: int = 0
 
     def __str__(self) -> str:
         return (
             f"deleted {self.completed_deleted} completed jobs past retention; "
             f"expired {self.unknown_expired} unknown jobs; "
-            f"removed {self.partitions_deleted} idle chats with no job left"
+            f"removed {self.partitions_deleted} idle chats with no job left; "
+            f"dropped {self.signals_deleted} kept signals no job waited for"
         )
 
 
 def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") -> PurgeResult:
     """Expire old unknown jobs (when configured), then delete completed jobs past retention,
-    one small transaction per batch. ``by`` is recorded on each expired job."""
+    one small transaction per batch (a waiting job is never completed: it stays), and the
+    signals kept past their time. ``by`` is recorded on each expired job."""
     conf = checked_settings()
     expired_unknown = 0
     if conf.UNKNOWN_RETENTION is not None:
@@ -65,6 +69,7 @@ def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") 
         partitions_deleted=_in_batches(
             lambda: store().purge_idle_partitions(batch), batch, max_batches
         ),
+        signals_deleted=store().purge_expired_signals(),
     )
 
 

@@ -42,7 +42,7 @@ from ..errors import (
 from ..models import EventJob, Status
 from ..store import EVERY_KEY, KeyFilter, Row, store
 from ..store.base import aware
-from . import pauses
+from . import pauses, waits
 from .idempotency import Idempotent, window_params, window_passed
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
@@ -235,6 +235,7 @@ def _maybe_sweep() -> bool:
         return False
     _last_sweep[0] = time.monotonic()
     expire_leases()
+    waits.time_out_due()
     return True
 
 
@@ -256,8 +257,9 @@ def claim(
     """Claim up to ``limit`` due partition heads, lowest receipt sequence first (of only the
     partitions ``keys`` takes, if given: some task queues, or all but some).
 
-    Expired leases are recovered first (SPEC §3): by every claim that finds nothing, and by a
-    busy claimer at most once per ``EXPIRY_SWEEP_INTERVAL`` seconds. ``token`` (default: a new
+    Expired leases are recovered first (SPEC §3), and waits whose time came resolved (§9e):
+    by every claim that finds nothing, and by a busy claimer at most once per
+    ``EXPIRY_SWEEP_INTERVAL`` seconds. ``token`` (default: a new
     one) becomes the jobs' lease token; a claim whose reply was lost finds its jobs again with
     ``claimed_with`` and that token.
     """
@@ -269,7 +271,7 @@ def claim(
     swept = _maybe_sweep()
     token = token or new_token()
     rows = store().claim(worker_id, token, seconds, limit, keys)
-    if not rows and not swept and expire_leases():
+    if not rows and not swept and (expire_leases() + waits.time_out_due()):
         rows = store().claim(worker_id, token, seconds, limit, keys)
     return _claimed(rows, worker_id, token)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import Deferred, InvalidState, LeaseLost
-from ..ledger import limits
+from ..errors import Deferred, InvalidState, LeaseLost, Suspended, WaitRefused
+from ..ledger import limits, waits
 from ..ledger import rules as ledger
 from ..ledger.retry import RetryAfter, RetryAt
 from ..ledger.stats import database_now
@@ -85,6 +85,25 @@ def defer(
         if not or_fail:
             raise
         return fail(ctx, RetryAfter(wait.seconds, wait.reason))
+
+
+def suspend(ctx: JobContext, waiting: Suspended) -> str:
+    """The handler stopped at an open wait (SPEC §9e): the job waits, giving its slot (and by
+    default its chat) back, without spending an attempt; ``queued`` when its wait was
+    resolved meanwhile. A job that cannot wait (an effect of it is open) fails instead."""
+    ctx.ensure_alive()
+    ctx.ending = True
+    try:
+        return writes.write(
+            ctx,
+            "suspend",
+            lambda retrying: waits.suspend(
+                ctx.lease, name=waiting.name, what=waiting.what, retrying=retrying
+            ),
+        )
+    except InvalidState as refused:
+        ctx.ending = False
+        return fail(ctx, WaitRefused(refused.message, fix=refused.fix))
 
 
 def hand_back_after_error(ctx: JobContext, exc: Exception) -> str:

@@ -100,6 +100,12 @@ class JobContext:
     has_steps: bool = False
     memo: dict[str, Any] | None = None
     steps_run: set[str] = field(default_factory=set)
+    #: Steps running now (a step may hold effects), and whether an effect of this attempt
+    #: began outside any step: a resumed run would repeat it, so the job may not wait (§9e).
+    step_depth: int = 0
+    unstepped_effect: bool = False
+    #: The waits this attempt reached, in order (their default names: wait:1, wait:2, …).
+    waits_run: list[str] = field(default_factory=list)
     #: The idempotent effects this attempt began (one key per name).
     idempotent_names: set[str] = field(default_factory=set)
     #: The worker is writing the attempt's end (finish, fail, hand back): a renewal refused

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .. import telemetry, tracing
-from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded
+from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, Suspended
 from ..ledger import pauses
 from ..ledger import rules as ledger
 from . import attempts, context, handlers, registry, writes
@@ -239,6 +239,8 @@ class Executor:
                 fn(ctx.event)
         except Deferred as wait:
             return attempts.defer(ctx, wait), None
+        except Suspended as waiting:
+            return self._ended(ctx, (attempts.suspend(ctx, waiting), None), None)
         except Superseded as exc:
             return self._ended(ctx, self._finish(ctx, superseded=True), exc)
         except Cancelled as exc:
@@ -387,7 +389,7 @@ PENDING = "pending"
 _OUTCOMES = {"retry_wait": "retried", "queued": "deferred", "running": "deferred"}
 
 #: Outcomes whose span ends without an error status (what ended them was the ledger's word).
-_CLEAN_ENDS = frozenset({"completed", "superseded", "cancelled", "deferred"})
+_CLEAN_ENDS = frozenset({"completed", "superseded", "cancelled", "deferred", "waiting"})
 
 
 def _outcome_label(ctx: context.JobContext, outcome: str) -> str:

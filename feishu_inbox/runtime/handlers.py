@@ -185,6 +185,8 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
         raise
     ctx.effects_in_flight = in_flight
     ctx.effects_started = True
+    if ctx.step_depth == 0:
+        ctx.unstepped_effect = True
     telemetry.EFFECTS.labels("started").inc()
     if idempotent is not None:
         ctx.idempotent_names.add(idempotent.name)

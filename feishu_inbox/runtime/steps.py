@@ -100,8 +100,12 @@ def _run(name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
     if found:
         return value
     started = time.monotonic()
-    with _span(name):
-        value = fn(*args, **kwargs)
+    ctx.step_depth += 1
+    try:
+        with _span(name):
+            value = fn(*args, **kwargs)
+    finally:
+        ctx.step_depth -= 1
     return record(ctx, name, value, time.monotonic() - started)
 
 
@@ -111,8 +115,12 @@ async def _run_async(name: str, fn: Callable[..., Any], args: Any, kwargs: Any) 
     if found:
         return value
     started = time.monotonic()
-    with _span(name):
-        value = await fn(*args, **kwargs)
+    ctx.step_depth += 1
+    try:
+        with _span(name):
+            value = await fn(*args, **kwargs)
+    finally:
+        ctx.step_depth -= 1
     took = time.monotonic() - started
     return await asyncio.to_thread(handlers.in_db_thread, record, ctx, name, value, took)
 

@@ -5,7 +5,7 @@
 ``.sql`` file (``postgres.sql``, ``sqlite.sql``: the same names, side by side); PostgreSQL's hot
 operations call stored functions (``functions/``), loaded by migrations.
 
-- here: the interface (``Store``), split by who uses it: ``HotPath``, ``Leases``,
+- here: the interface (``Store``), split by who uses it: ``HotPath``, ``Leases``, ``Waits``,
   ``Operators``, ``Schedules``, ``Insights``; and ``store()``, the store of the database;
 - ``base``: what both stores share (running named queries, the operations composed of them);
 - ``postgres`` and ``sqlite``: one store each;
@@ -134,6 +134,28 @@ class Leases(Protocol):
     def save_card_stream(self, fence: Fence, name: str, state: Mapping[str, Any]) -> bool: ...
 
 
+class Waits(Protocol):
+    """Jobs that wait for a time or a signal (SPEC §9e): ``waits.py``."""
+
+    def begin_wait(
+        self,
+        fence: Fence,
+        *,
+        name: str,
+        key: str,
+        seconds: float | None,
+        hold_chat: bool,
+        lease_seconds: float,
+    ) -> Row | None: ...
+    def suspend(self, fence: Fence, *, name: str, message: str) -> str | None: ...
+    def resolve_wait(self, wait_id: int, *, state: str, payload: str | None) -> bool: ...
+    def send_signal(self, key: str, payload: str | None, keep_seconds: float | None) -> Row: ...
+    def due_waits(self, limit: int) -> list[int]: ...
+    def purge_expired_signals(self) -> int: ...
+    def open_wait_of_job(self, job_id: int) -> Row | None: ...
+    def waits_of_jobs(self, job_ids: list[int]) -> dict[int, Row]: ...
+
+
 class Operators(Protocol):
     """What operators do (admin, ``manage.py inbox``) and the chores that keep the ledger:
     transitions by hand, replays, retention."""
@@ -185,7 +207,7 @@ class Insights(Protocol):
     def blocked_and_running_partitions(self) -> dict[str, int]: ...
 
 
-class Store(HotPath, Leases, Operators, Schedules, Insights, Protocol):
+class Store(HotPath, Leases, Waits, Operators, Schedules, Insights, Protocol):
     """The operations a database offers the ledger, each one transaction, grouped by who
     uses them: a new store writes ``HotPath`` and ``Leases`` first (a worker runs), then
     ``Operators``, ``Schedules`` and ``Insights``."""
@@ -246,5 +268,6 @@ __all__ = [
     "SqlStore",
     "Store",
     "Transition",
+    "Waits",
     "store",
 ]

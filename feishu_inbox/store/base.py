@@ -20,6 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .queries import Query, load
 from .schema import COMPLETED, SCHEDULES_NOTICE
+from .waits import WaitStore, fence_params
 
 #: A row read by a named query: column name → value.
 Row = dict[str, Any]
@@ -36,15 +37,6 @@ class Fence(Protocol):
     def token(self) -> str: ...
     @property
     def partition_key(self) -> str: ...
-
-
-def fence_params(fence: Fence) -> dict[str, Any]:
-    return {
-        "job_id": fence.job_id,
-        "worker_id": fence.worker_id,
-        "token": fence.token,
-        "partition_key": fence.partition_key,
-    }
 
 
 @dataclass(frozen=True)
@@ -98,7 +90,7 @@ def aware(value: Any) -> Any:
     return value
 
 
-class SqlStore:
+class SqlStore(WaitStore):
     """Runs the named queries of one ``.sql`` file; composes the operations both share."""
 
     #: The database's own queries, beside ``common.sql``.
@@ -320,6 +312,8 @@ class SqlStore:
             if changed is None:
                 return Transition(found=True, status=self._status(job_id), job_id=job_id)
             self._forget_steps(job_id, from_step)
+            if changed["status"] == COMPLETED:  # a waiting job cancelled: its waits close
+                self.close_waits(job_id)
             self.resync_heads([key])
             self.notify(key)
         return Transition(found=True, changed=True, status=changed["status"], job_id=job_id)
@@ -344,6 +338,7 @@ class SqlStore:
                 self.execute("move_job", moved)
                 self.execute("move_attempts", moved)
                 self.execute("move_steps", moved)
+                self.execute("move_waits", moved)
                 self.execute("move_card_streams", moved)
                 job_id = new_id
             self._forget_steps(job_id, from_step)
@@ -366,6 +361,7 @@ class SqlStore:
 
     def _forget_steps(self, job_id: int, from_step: str | None) -> None:
         if from_step is not None:
+            self.execute("forget_waits", {"job_id": job_id, "from_step": from_step})
             self.execute("forget_steps", {"job_id": job_id, "from_step": from_step})
 
     def _status(self, job_id: int) -> str:
@@ -391,6 +387,7 @@ class SqlStore:
             if job_ids:
                 self.execute("delete_attempts", {"job_ids": job_ids})
                 self.execute("delete_steps", {"job_ids": job_ids})
+                self.execute("delete_waits", {"job_ids": job_ids})
                 self.execute("delete_card_streams", {"job_ids": job_ids})
                 self.execute("delete_jobs", {"job_ids": job_ids})
         return len(job_ids)

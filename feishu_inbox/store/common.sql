@@ -133,8 +133,8 @@ WHERE id = %(job_id)s AND status IN {statuses}
 RETURNING partition_key, status
 
 -- cancel --
--- An operator's cancel: a job that has not run yet (queued, waiting to retry) completes now as
--- Cancelled; a running one is asked to stop (its handler stops at its next checkpoint or
+-- An operator's cancel: a job that has not run yet (queued, waiting to retry) or that waits
+-- (SPEC §9e) completes now as Cancelled; a running one is asked to stop (its handler stops at its next checkpoint or
 -- effect, and however its attempt ends it is not retried). Every right-hand side reads the
 -- row as it was.
 UPDATE {job} SET
@@ -142,6 +142,7 @@ UPDATE {job} SET
     finished_at = CASE WHEN status = '{running}' THEN finished_at ELSE now() END,
     error_type = CASE WHEN status = '{running}' THEN error_type ELSE 'Cancelled' END,
     error_message = CASE WHEN status = '{running}' THEN error_message
+                         WHEN status = '{waiting}' THEN 'Cancelled by an operator while it waited.'
                          ELSE 'Cancelled by an operator before it ran.' END,
     cancel_requested = (status = '{running}'),
     resolution = CASE WHEN status = '{running}' THEN resolution ELSE %(resolution)s END
@@ -453,18 +454,21 @@ RETURNING id
 -- (idempotent_since before this claim): that effect's outcome is no step's memo. The effects
 -- this attempt finished were each inside a recorded step (the handler API refuses a wait
 -- otherwise), so a resumed run repeats none of them: the job may be claimed again, and its
--- effect flags and window are cleared (SPEC invariant 3, as waits reword it).
+-- effect flags and window are cleared (SPEC invariant 3, as waits reword it). A job that
+-- gives its chat back moves to a partition of its own (%(parked_key)s; NULL: it holds it).
 UPDATE {job} SET status = '{waiting}', attempt = attempt - 1, available_at = now(),
     side_effect_started = FALSE, idempotent_until = NULL, idempotent_since = NULL,
     error_type = 'Waiting', error_message = %(message)s,
-    lease_token = '', lease_until = NULL
+    lease_token = '', lease_until = NULL,
+    partition_key = COALESCE(%(parked_key)s, partition_key)
 WHERE {fence} AND NOT {effect_open} AND NOT cancel_requested
   AND NOT COALESCE(idempotent_since < claimed_at, FALSE)
 RETURNING status
 
 -- job_wait --
 -- A job's wait of this name (its memo): its state and payload, if the job ever waited so.
-SELECT id, key, state, payload, until FROM {wait} WHERE job_id = %(job_id)s AND name = %(name)s
+SELECT id, key, state, payload, until, partition_key, hold_chat, created_at, resolved_at
+FROM {wait} WHERE job_id = %(job_id)s AND name = %(name)s
 
 -- take_kept_signal --
 -- The oldest unexpired signal kept for a key, taken (deleted) by the job that waits for it.
@@ -475,25 +479,92 @@ RETURNING payload
 
 -- waiter_of_key --
 -- The open wait of a key that a signal resolves: the oldest, if several wait for it.
-SELECT id FROM {wait} WHERE key = %(key)s AND state = 'open' ORDER BY id LIMIT 1
+SELECT id, job_id, key, partition_key FROM {wait}
+WHERE key = %(key)s AND state = 'open' ORDER BY id LIMIT 1
+
+-- open_wait_of_job --
+-- The open wait of a job (a job waits for one thing at a time), for an operator's action.
+SELECT id, job_id, key, partition_key FROM {wait}
+WHERE job_id = %(job_id)s AND state = 'open' ORDER BY id DESC LIMIT 1
+
+-- wait_by_id --
+-- A wait, to resolve it (its key and chat tell what to lock first).
+SELECT id, job_id, key, partition_key FROM {wait} WHERE id = %(wait_id)s
 
 -- resume_job --
--- A waiting job whose wait was resolved goes back to its place in its chat: queued (retry_wait
--- when it had attempts before), due now; its head follows (resync_head).
+-- A waiting job whose wait was resolved goes back to its place in its chat (its receipt
+-- sequence, its id, is unchanged): queued (retry_wait when it had attempts before), due now.
 UPDATE {job} SET status = CASE WHEN attempt > 0 THEN '{retry_wait}' ELSE '{queued}' END,
-    available_at = now(), error_type = '', error_message = ''
+    available_at = now(), error_type = '', error_message = '',
+    partition_key = %(partition_key)s
 WHERE id = %(job_id)s AND status = '{waiting}'
 RETURNING partition_key
 
--- wait_partition --
--- The partition of the job of a wait.
-SELECT j.partition_key AS partition_key, j.id AS job_id
-FROM {wait} w JOIN {job} j ON j.id = w.job_id WHERE w.id = %(wait_id)s
+-- ensure_partition --
+-- A resumed job's chat may have gone idle and been purged meanwhile: its row again.
+INSERT INTO {partition} (key, head_id, head_state, head_due_at)
+VALUES (%(partition_key)s, NULL, '{idle}', NULL)
+ON CONFLICT (key) DO NOTHING
+
+-- resync_head_unless_running --
+-- resync_head, unless the chat's head is running: a job that resumes while a later job of its
+-- chat runs (it gave the chat back) becomes the head when that one ends (its end's resync
+-- finds it first), never beside it.
+UPDATE {partition} SET
+    head_id = head.id,
+    head_state = COALESCE(head.status, '{idle}'),
+    head_due_at = head.available_at,
+    head_priority = COALESCE(head.priority, 0)
+FROM (SELECT NULL) AS anchor
+LEFT JOIN (
+    SELECT id, status, available_at, priority FROM {job}
+    WHERE partition_key = %(partition_key)s AND {unresolved}
+    ORDER BY partition_key, id LIMIT 1
+) AS head ON TRUE
+WHERE key = %(partition_key)s AND head_state <> '{running}'
 
 -- next_wait_deadline --
 -- The earliest time an open wait times out.
 SELECT MIN(until) AS until FROM {wait} WHERE state = 'open'
 
+-- due_waits --
+-- Open waits whose time came, oldest deadline first (each is then resolved in a transaction
+-- of its own, whose conditional update lets one resolver win).
+SELECT id FROM {wait} WHERE state = 'open' AND until <= now()
+ORDER BY until LIMIT %(limit)s
+
 -- purge_expired_signals --
 -- Signals kept past their time, which no waiter took.
 DELETE FROM {signal} WHERE expires_at <= now()
+
+-- cancel_waits --
+-- An operator cancelled a waiting job: its open waits close, so no signal is spent on it.
+UPDATE {wait} SET state = 'cancelled', resolved_at = now()
+WHERE job_id = %(job_id)s AND state = 'open'
+RETURNING partition_key
+
+-- restore_partition --
+-- A cancelled job that had given its chat back returns to it (completed: its head is unmoved).
+UPDATE {job} SET partition_key = %(partition_key)s WHERE id = %(job_id)s
+
+-- delete_waits --
+-- The waits of jobs about to be deleted (retention).
+DELETE FROM {wait} WHERE job_id IN {job_ids}
+
+-- move_waits --
+-- A replayed job's waits follow it to its new id, as its steps do.
+UPDATE {wait} SET job_id = %(new_id)s WHERE job_id = %(job_id)s
+
+-- forget_waits --
+-- An operator's "from this step": the waits that began with it or after it are forgotten too.
+DELETE FROM {wait}
+WHERE job_id = %(job_id)s
+  AND created_at >= (SELECT started_at FROM {step} WHERE job_id = %(job_id)s AND name = %(from_step)s)
+
+-- waits_of_jobs --
+-- The latest wait of each of these jobs (admin, inbox list and show).
+SELECT w.job_id, w.name, w.key, w.state, w.until, w.created_at, w.resolved_at,
+       w.partition_key, w.hold_chat
+FROM {wait} w
+WHERE w.job_id IN {job_ids}
+  AND w.id = (SELECT MAX(id) FROM {wait} x WHERE x.job_id = w.job_id)

@@ -222,12 +222,13 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7483))
 -- insert_wait --
 -- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
 -- (NULL: no time limit). %(payload)s is JSON text.
-INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at)
+INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at,
+                    partition_key)
 VALUES (%(job_id)s, %(name)s, %(key)s,
         CASE WHEN %(seconds)s::float8 IS NULL THEN NULL
              ELSE now() + %(seconds)s::float8 * interval '1 second' END,
-        %(state)s, TRUE, %(payload)s::jsonb, now(),
-        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END)
+        %(state)s, %(hold_chat)s, %(payload)s::jsonb, now(),
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s)
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id
 
@@ -242,8 +243,3 @@ RETURNING job_id
 -- A signal nobody waits for yet, kept %(seconds)s seconds for its waiter.
 INSERT INTO {signal} (key, payload, sent_at, expires_at)
 VALUES (%(key)s, %(payload)s::jsonb, now(), now() + %(seconds)s * interval '1 second')
-
--- due_waits --
--- Open waits whose time came, oldest deadline first; rows another worker holds are skipped.
-SELECT id FROM {wait} WHERE state = 'open' AND until <= now()
-ORDER BY until LIMIT %(limit)s FOR UPDATE SKIP LOCKED

@@ -156,11 +156,12 @@ SELECT 1 AS locked
 -- insert_wait --
 -- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
 -- (NULL: no time limit). Differs from PostgreSQL: JSON is text, no casts.
-INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at)
+INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at,
+                    partition_key)
 VALUES (%(job_id)s, %(name)s, %(key)s,
         CASE WHEN %(seconds)s IS NULL THEN NULL ELSE feishu_inbox_now_plus(%(seconds)s) END,
-        %(state)s, TRUE, %(payload)s, now(),
-        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END)
+        %(state)s, %(hold_chat)s, %(payload)s, now(),
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s)
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id
 
@@ -176,9 +177,3 @@ RETURNING job_id
 -- text, the time from feishu_inbox_now_plus.
 INSERT INTO {signal} (key, payload, sent_at, expires_at)
 VALUES (%(key)s, %(payload)s, now(), feishu_inbox_now_plus(%(seconds)s))
-
--- due_waits --
--- Open waits whose time came, oldest deadline first. Differs from PostgreSQL: no SKIP
--- LOCKED (one writer).
-SELECT id FROM {wait} WHERE state = 'open' AND until <= now()
-ORDER BY until LIMIT %(limit)s

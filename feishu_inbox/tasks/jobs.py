@@ -244,6 +244,7 @@ TASK_KIND = JobKind(
     policy=policy,
     timeout=timeout,
     describe_error=describe_error,
+    can_wait=False,  # the framework's result has no waiting state: a wait is refused
 )
 
 
