@@ -170,7 +170,12 @@ def _wait(*, key: str, seconds: float | None, name: str | None, hold_chat: bool)
         ctx,
         "wait in",
         lambda _: ledger_waits.begin_wait(
-            ctx.lease, name=name, key=key, seconds=seconds, hold_chat=hold_chat
+            ctx.lease,
+            name=name,
+            key=key,
+            seconds=seconds,
+            hold_chat=hold_chat,
+            lease_seconds=ctx.lease_seconds,  # the worker's own lease length, not the site's
         ),
     )
     if memo.key != key:

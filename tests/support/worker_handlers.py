@@ -7,6 +7,7 @@ A job's payload lists its steps; the handler records what it does to
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from datetime import timedelta
@@ -107,6 +108,12 @@ def steps(event: Event) -> None:
                 raise RuntimeError("a bug in the heartbeat")
 
             rules.renew = renew  # type: ignore[assignment]
+        elif kind == "wait":  # a durable wait for the signal arg (SPEC §9e)
+            got = feishu_inbox.wait_for(arg, timeout=None)
+            record("waited", event.event_id, json.dumps(got, separators=(",", ":")), pid)
+        elif kind == "sleep":  # a durable sleep of arg seconds
+            feishu_inbox.sleep(float(arg))
+            record("slept", event.event_id, pid)
         elif kind == "os_exit":
             record("dying", event.event_id, pid)
             os._exit(3)
