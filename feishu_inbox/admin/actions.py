@@ -22,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
 from ..ledger import rules as ledger
+from ..ledger import waits
 from ..models import EventJob, Status, Step
 
 if TYPE_CHECKING:
@@ -36,13 +37,19 @@ class JobAction:
     #: On a job's own page.
     button: str
     call: Callable[[list[int], str | None], ledger.Outcome]
-    #: ``feishu_inbox.<permission>_eventjob``.
+    #: ``feishu_inbox.<permission>_eventjob``, unless ``codename`` names another.
     permission: str
     confirm: bool
     eligible: tuple[Status, ...]
     #: It may run a job again from one of its steps (SPEC §7): the confirmation page offers
     #: the jobs' step names, and it is shown whenever a selected job has steps.
     from_step: bool = False
+    #: The permission's codename, when it is not ``<permission>_eventjob``.
+    codename: str = ""
+
+    @property
+    def perm(self) -> str:
+        return f"feishu_inbox.{self.codename or self.permission + '_eventjob'}"
 
 
 ACTIONS: dict[str, JobAction] = {
@@ -93,7 +100,27 @@ ACTIONS: dict[str, JobAction] = {
             lambda ids, step: ledger.cancel(ids),
             "cancel",
             True,
-            (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING),
+            (Status.QUEUED, Status.RETRY_WAIT, Status.WAITING, Status.RUNNING),
+        ),
+        JobAction(
+            "resume_waiting",
+            "Resume waiting jobs now (their wait gets an empty signal; a sleep ends)",
+            "Resume now",
+            lambda ids, step: waits.resume_jobs(ids),
+            "signal",
+            True,
+            (Status.WAITING,),
+            codename="signal_wait",
+        ),
+        JobAction(
+            "time_out_waiting",
+            "Time out waiting jobs now (the handler sees its wait time out)",
+            "Time out now",
+            lambda ids, step: waits.time_out_jobs(ids),
+            "signal",
+            True,
+            (Status.WAITING,),
+            codename="signal_wait",
         ),
         JobAction(
             "replay_completed",
@@ -126,8 +153,7 @@ def allowed(request: HttpRequest, job: EventJob) -> list[JobAction]:
     return [
         action
         for action in ACTIONS.values()
-        if job.status in action.eligible
-        and request.user.has_perm(f"feishu_inbox.{action.permission}_eventjob")
+        if job.status in action.eligible and request.user.has_perm(action.perm)
     ]
 
 

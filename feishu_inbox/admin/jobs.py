@@ -26,6 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from ..conf import inbox_settings
+from ..ledger import waits
 from ..ledger.idempotency import effect_key
 from ..ledger.payloads import text_without_secrets, without_secrets
 from ..models import Attempt, CardStream, EventJob, Partition, Status, Step, job_id_from_text
@@ -179,6 +180,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
                     "error_message",
                     "resolution",
                     "retry_policy",
+                    "waiting_for",
                 ]
             },
         ),
@@ -216,6 +218,9 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.replay_eventjob")
+
+    def has_signal_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("feishu_inbox.signal_wait")
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("feishu_inbox.pause_work")
@@ -271,11 +276,28 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="partition", ordering="partition_key")
     def short_partition(self, obj: EventJob) -> str:
+        if waits.is_parked(obj.partition_key):  # it gave its chat back while it waits
+            return "(its chat given back while it waits)"
         return _with_tooltip(obj.partition_key, 30)
 
     @admin.display(description="error", ordering="error_type")
     def short_error(self, obj: EventJob) -> str:
         return _with_tooltip(obj.error_type, 22)
+
+    @admin.display(description="waits for")
+    def waiting_for(self, obj: EventJob) -> str:
+        """What the job waits for, or last waited for (SPEC §9e), and since and until when."""
+        view = waits.waits_of([obj.pk]).get(obj.pk)
+        if view is None:
+            return "-"
+        until = (
+            "no time limit" if view.until is None else f"until {view.until:%Y-%m-%d %H:%M:%S %Z}"
+        )
+        chat = "holding its chat" if view.holds_chat else f"its chat {view.chat} given back"
+        return (
+            f"{view.what} ({view.name}): {view.state}; since "
+            f"{view.since:%Y-%m-%d %H:%M:%S %Z}, {until}; {chat}"
+        )
 
     @admin.display(description="retries")
     def retry_policy(self, obj: EventJob) -> str:

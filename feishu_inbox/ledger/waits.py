@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from ..errors import InvalidState, JobNotFound, LeaseLost, LedgerError, NoWaiter
 from ..store import Row, store
 from ..store.base import aware
 from ..store.waits import PARKED_PREFIX
+from .operators import Outcome
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
 
 log = logging.getLogger("feishu_inbox.ledger")
@@ -211,6 +213,40 @@ def time_out_now(job_id: int) -> bool:
     """An operator ends a waiting job's wait now: a sleep ends, a wait for a signal times
     out (the handler sees ``WaitTimedOut``). False when it waits for nothing."""
     return _resolve_open(job_id, TIMED_OUT, None)
+
+
+def resume_jobs(job_ids: Iterable[int], payload: Any = None) -> Outcome:
+    """An operator's "resume": each waiting job's open wait is delivered ``payload`` (the
+    handler's ``wait_for`` returns it; a sleep ends) and the job is due now. A job that does
+    not wait is refused, and stays as it was."""
+    text = payload_text(payload)
+    return _each(job_ids, "resume", lambda job_id: _resolve_open(job_id, DELIVERED, text))
+
+
+def time_out_jobs(job_ids: Iterable[int]) -> Outcome:
+    """An operator's "time out": each waiting job's wait ends now (a sleep ends, a wait for a
+    signal raises ``WaitTimedOut`` in the handler). A job that does not wait is refused."""
+    return _each(job_ids, "time out", lambda job_id: _resolve_open(job_id, TIMED_OUT, None))
+
+
+def _each(job_ids: Iterable[int], doing: str, resolve: Callable[[int], bool]) -> Outcome:
+    outcome = Outcome()
+    for job_id in dict.fromkeys(job_ids):
+        try:
+            done = resolve(job_id)
+        except JobNotFound:
+            outcome.refused[job_id] = JobNotFound(f"Cannot {doing} job {job_id}: no such job.")
+            continue
+        if done:
+            outcome.done.append(job_id)
+        else:
+            status = store().lease_state(job_id)
+            now = "" if status is None else f"it is {status['status']}"
+            outcome.refused[job_id] = InvalidState(
+                f"Cannot {doing} job {job_id}: {now or 'it is gone'}; only a waiting job can be.",
+                fix="Look at the job: it may have resumed or ended meanwhile.",
+            )
+    return outcome
 
 
 def _resolve_open(job_id: int, state: str, payload: str | None) -> bool:

@@ -36,6 +36,8 @@ ACTION_NAMES = [
     "discard_failed",
     "cancel_jobs",
     "replay_completed",
+    "resume_waiting",
+    "time_out_waiting",
 ]
 ALL_PERMISSIONS = (
     "view_eventjob",
@@ -44,6 +46,7 @@ ALL_PERMISSIONS = (
     "discard_eventjob",
     "cancel_eventjob",
     "replay_eventjob",
+    "signal_wait",
 )
 
 
@@ -370,6 +373,42 @@ def test_a_jobs_page_offers_only_the_actions_its_state_allows(operator: Client) 
         "failed": {"requeue_failed", "discard_failed"},
         "unknown": {"reconcile_applied", "reconcile_not_applied"},
     }
+
+
+def test_a_waiting_jobs_page_says_what_it_waits_for_and_offers_resume_time_out_and_cancel(
+    operator: Client,
+) -> None:
+    import feishu_inbox
+    from tests.runtime.test_waits import claim, enqueue, run_to_wait
+
+    waiting, sleeping = enqueue("w1", chat="a"), enqueue("s1", chat="b")
+    for job_id, wait in (
+        (waiting, lambda: feishu_inbox.wait_for("pay:9", timeout=3600)),
+        (sleeping, lambda: feishu_inbox.sleep(3600)),
+    ):
+        claimed = claim()
+        assert claimed is not None and claimed.id == job_id
+        assert run_to_wait(claimed, wait) == ("suspended", "waiting")
+    page = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[waiting]))
+    html = page.content.decode()
+    assert set(re.findall(r'data-action="([a-z_]+)"', html)) == {
+        "cancel_jobs",
+        "resume_waiting",
+        "time_out_waiting",
+    }
+    assert "signal &#x27;pay:9&#x27; (wait:1): open" in html and "its chat a given back" in html
+    listed = operator.get(reverse(CHANGELIST) + "?status=waiting").content.decode()
+    assert "(its chat given back while it waits)" in listed
+    act(operator, "resume_waiting", [waiting], confirmed="yes")
+    act(operator, "time_out_waiting", [sleeping], confirmed="yes")
+    assert {j.pk: (j.status, j.partition_key) for j in EventJob.objects.all()} == {
+        waiting: ("queued", "a"),
+        sleeping: ("queued", "b"),
+    }
+    page = act(operator, "time_out_waiting", [waiting], confirmed="yes")  # not waiting now
+    assert f"Cannot time out job {waiting}: it is queued" in page.content.decode()
+    history = LogEntry.objects.filter(object_id=str(waiting)).values_list("change_message")
+    assert any("Resume waiting jobs" in m for (m,) in history)
 
 
 def test_a_button_on_a_jobs_page_goes_through_the_confirmation_and_comes_back(

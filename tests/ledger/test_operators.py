@@ -155,7 +155,10 @@ def test_cancel_refuses_a_finished_job_and_changes_nothing(state: str) -> None:
     before = snapshot(job.pk)
     outcome = ledger.cancel([job.pk, 999_999])
     assert isinstance(outcome.refused[job.pk], InvalidState)
-    assert f"it is {state}, not queued or retry_wait or running" in outcome.refused[job.pk].message
+    assert (
+        f"it is {state}, not queued or retry_wait or waiting or running"
+        in outcome.refused[job.pk].message
+    )
     assert isinstance(outcome.refused[999_999], JobNotFound)
     assert snapshot(job.pk) == before
 

@@ -293,3 +293,47 @@ def test_operators_signal_time_out_and_cancel_a_waiting_job() -> None:
         c: "cancelled",
     }
     assert views[a].chat == "1" and views[a].what == f"signal 'k{a}'"
+
+
+def test_inbox_lists_shows_signals_times_out_and_cancels_waiting_jobs() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    def inbox(*args: str) -> str:
+        out = StringIO()
+        call_command("inbox", *args, stdout=out, stderr=StringIO())
+        return out.getvalue()
+
+    a, b, c = enqueue("a", chat="1"), enqueue("b", chat="2"), enqueue("c", chat="3")
+    for expected, wait in (
+        (a, lambda: feishu_inbox.wait_for("ka", timeout=None)),
+        (b, lambda: feishu_inbox.sleep(3600, hold_chat=True)),
+        (c, lambda: feishu_inbox.wait_for("kc", timeout=60)),
+    ):
+        claimed = claim()
+        assert claimed is not None and claimed.id == expected
+        run_to_wait(claimed, wait)
+    listed = inbox("list", "--status", "waiting")
+    assert f"{a}" in listed and "waits for signal 'ka' since" in listed
+    assert "waits for a sleep since" in listed and " until " in listed
+    rows = {r["id"]: r for r in json.loads(inbox("list", "--status", "waiting", "--json"))}
+    assert rows[a]["partition_key"] == "1" and rows[a]["wait"]["holds_chat"] is False
+    assert rows[b]["wait"]["holds_chat"] is True and rows[b]["wait"]["key"] == ""
+    shown = json.loads(inbox("show", str(c), "--json"))
+    assert shown["wait"]["key"] == "kc" and shown["wait"]["state"] == "open"
+
+    with pytest.raises(CommandError):
+        inbox("signal", str(a), "--payload", "{not json")
+    assert inbox("signal", str(a), "--payload", '{"ok": true}') == f"job {a}: signalled\n"
+    assert inbox("time-out", str(b)) == f"job {b}: timed out\n"
+    assert inbox("cancel", str(c)) == f"job {c}: cancelled\n"
+    with pytest.raises(CommandError, match="1 of 1 jobs refused"):
+        inbox("signal", str(a))  # it waits no more
+    assert Wait.objects.get(job_id=a).payload == {"ok": True}
+    assert dict(EventJob.objects.values_list("id", "status")) == {
+        a: "queued",
+        b: "queued",
+        c: "completed",
+    }

@@ -16,7 +16,7 @@ from django.utils import timezone
 from feishu_inbox import ledger
 from feishu_inbox.errors import ConfigurationError, InboxError, JobNotFound
 from feishu_inbox.feishu import deliveries
-from feishu_inbox.ledger import buckets, pauses, reports
+from feishu_inbox.ledger import buckets, pauses, reports, waits
 from feishu_inbox.ledger import workers as worker_beats
 from feishu_inbox.ledger.kinds import choices, in_queue, of_kind
 from feishu_inbox.ledger.operators import Outcome
@@ -64,7 +64,43 @@ OPERATOR_ACTIONS: dict[str, tuple[str, Callable[[list[int], dict[str, Any]], Out
         lambda ids, o: ledger.replay(ids, from_step=o["from_step"]),
         "Replayed",
     ),
+    "signal": (
+        "waiting → due now: deliver the job's wait a signal by hand (--payload JSON).",
+        lambda ids, o: waits.resume_jobs(ids, o["payload"]),
+        "Resumed",
+    ),
+    "time-out": (
+        "waiting → due now: the job's wait times out (a sleep ends).",
+        lambda ids, o: waits.time_out_jobs(ids),
+        "Timed out",
+    ),
 }
+
+
+def wait_as_dict(view: waits.WaitView) -> dict[str, Any]:
+    return {
+        "name": view.name,
+        "key": view.key,
+        "state": view.state,
+        "since": view.since.isoformat(),
+        "until": None if view.until is None else view.until.isoformat(),
+        "chat": view.chat,
+        "holds_chat": view.holds_chat,
+    }
+
+
+def describe_wait(wait: dict[str, Any]) -> str:
+    what = f"signal {wait['key']!r}" if wait["key"] else "a sleep"
+    until = f" until {wait['until']}" if wait["until"] else ""
+    return f"waits for {what} since {wait['since']}{until}"
+
+
+def json_value(value: str) -> Any:
+    """``--payload``: JSON text."""
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ArgumentTypeError(f"not JSON ({exc}): {value!r:.80}") from exc
 
 
 def since(value: str) -> datetime:
@@ -131,6 +167,13 @@ class Command(OperatorCommand):
                     metavar="NAME",
                     help="run again from this step: it and every step that started after it "
                     "are forgotten; earlier ones stay memoized",
+                )
+            if name == "signal":
+                action.add_argument(
+                    "--payload",
+                    type=json_value,
+                    default=None,
+                    help="the signal's payload, as JSON (default: null)",
                 )
             if name == "reconcile":
                 how = action.add_mutually_exclusive_group(required=True)
@@ -241,13 +284,22 @@ class Command(OperatorCommand):
         if options["queue"]:
             jobs = in_queue(jobs, options["queue"])
         rows = [job_as_dict(j) for j in jobs[: max(options["limit"], 0)]]
+        waiting = [int(str(r["id"])) for r in rows if r["status"] == Status.WAITING]
+        views = waits.waits_of(waiting)
+        for r in rows:
+            view = views.get(int(str(r["id"])))
+            if view is not None:  # what it waits for, in its chat (a chat given back)
+                r["partition_key"] = view.chat
+                r["wait"] = wait_as_dict(view)
         if options["json"]:
             self._print_json(rows)
             return
         for r in rows:
+            wait = r.get("wait")
+            what = "" if not isinstance(wait, dict) else f" {describe_wait(wait)}"
             self.stdout.write(
                 f"{r['id']:>8} {r['status']:<10} {r['event_type']:<28} "
-                f"{r['partition_key']:<32} attempt {r['attempt']} {r['error_type']}"
+                f"{r['partition_key']:<32} attempt {r['attempt']} {r['error_type']}{what}"
             )
 
     def do_show(self, options: dict[str, Any]) -> None:
@@ -261,6 +313,10 @@ class Command(OperatorCommand):
             raise JobNotFound(f"There is no job {options['id']}.")
         data = job_as_dict(job, payload=True)
         data["payload"] = without_secrets(data["payload"])  # as the admin shows it
+        view = waits.waits_of([job.pk]).get(job.pk)
+        if view is not None:  # what it waits, or last waited, for
+            data["partition_key"] = view.chat
+            data["wait"] = wait_as_dict(view)
         data["attempts"] = [
             {
                 "number": a.number,
@@ -280,7 +336,7 @@ class Command(OperatorCommand):
             self._print_json(data)
             return
         for key, value in data.items():
-            if key in ("payload", "attempts", "return_value"):
+            if key in ("payload", "attempts", "return_value", "wait"):
                 value = json.dumps(value, indent=2, default=str, ensure_ascii=False)
             self.stdout.write(f"{key}: {value}")
 
@@ -408,9 +464,13 @@ class Command(OperatorCommand):
         """An operator action: the same ledger function as the admin's, recorded the same."""
         name = options["action"]
         _, call, label = OPERATOR_ACTIONS[name]
-        verb = {"requeue": "requeued", "discard": "discarded", "cancel": "cancelled"}.get(
-            name, "replayed"
-        )
+        verb = {
+            "requeue": "requeued",
+            "discard": "discarded",
+            "cancel": "cancelled",
+            "signal": "signalled",
+            "time-out": "timed out",
+        }.get(name, "replayed")
         if name == "reconcile":
             applied = bool(options["applied"])
             label = f"{label}: the effect {'happened, mark done' if applied else 'did NOT happen'}"
@@ -463,6 +523,7 @@ class Command(OperatorCommand):
             raise CommandError(f"{len(outcome.refused)} of {total} jobs refused; not changed.")
 
     do_requeue = do_reconcile = do_discard = do_cancel = do_replay = _act
+    do_signal = do_time_out = _act
 
     def _matching(self, options: dict[str, Any]) -> list[int]:
         """The completed jobs a ``replay`` without ids names by its filters (oldest first)."""
