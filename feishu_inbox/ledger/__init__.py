@@ -3,7 +3,10 @@
 - ``rules``: one function per operation (enqueue, claim, renew, effects, steps, finish, fail,
   hand back, signals): argument checks, fencing, lease and backoff rules, results and typed
   errors. It never names a database: each operation is one transaction of the store's.
+  ``fencing``: why a fenced call matched nothing, in words.
 - ``operators``: the operators' actions (requeue, reconcile, discard, cancel, replay).
+- ``waits``: durable waits (a wait begun, a job suspended, signals, timeouts, operators'
+  resume and time out).
 - ``kinds``: the kinds of job (Feishu events, schedule occurrences, tasks …) in one open
   registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
   workers are woken (NOTIFY) and how many claims run side by side.

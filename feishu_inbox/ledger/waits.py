@@ -27,6 +27,7 @@ from ..errors import InvalidState, JobNotFound, LeaseLost, LedgerError, NoWaiter
 from ..store import Row, store
 from ..store.base import aware
 from ..store.waits import PARKED_PREFIX
+from .fencing import why_not_held
 from .operators import Outcome
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
 
@@ -130,9 +131,7 @@ def suspend(lease: Any, *, name: str, what: str, retrying: bool = False) -> str:
     if status is not None:
         telemetry.WAITS.labels("suspended").inc()
         return status
-    from .rules import _why_not_held
-
-    why = _why_not_held(lease)
+    why = why_not_held(lease)
     if why is not None:
         raise LeaseLost(f"Cannot suspend job {lease.job_id}: {why}.")
     raise InvalidState(

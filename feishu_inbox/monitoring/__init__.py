@@ -95,7 +95,8 @@ def _ledger_families() -> list[Any]:
         "feishu_inbox_jobs_finished_total).",
         labels=["state"],
     )
-    for state in (Status.QUEUED, Status.RUNNING, Status.RETRY_WAIT, Status.FAILED, Status.UNKNOWN):
+    unresolved = (Status.QUEUED, Status.RUNNING, Status.RETRY_WAIT, Status.WAITING)
+    for state in (*unresolved, Status.FAILED, Status.UNKNOWN):
         jobs.add_metric([state.value], found.counts.get(state.value, 0))
     families = [jobs]
     for name, doc, value in (
