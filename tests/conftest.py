@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Iterator
@@ -15,6 +16,24 @@ from tests.support.fake_feishu import FakeFeishu
 from tests.support.worker_helpers import Workers
 
 
+def _remove_stale_sqlite_test_database(settings: Any) -> None:
+    """A run that was killed leaves its SQLite test database's -wal and -shm files behind;
+    ``--create-db`` removes the database file but not them, and the new database beside an old
+    shared-memory file fails with "disk I/O error" in every test of the next run. Remove all
+    of this process's (its xdist suffix, as pytest-django names it) before it is made."""
+    database = settings.DATABASES["default"]
+    name = str(database.get("TEST", {}).get("NAME") or "")
+    in_memory = name == ":memory:" or "mode=memory" in name
+    if "sqlite" not in database["ENGINE"] or not name or in_memory:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        name = f"{name}_{worker}"
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name + suffix)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Django's advice for test settings: hash the tests' passwords with a fast hasher. The
     # default's 1,000,000 PBKDF2 rounds cost ~0.3 s of CPU per user made, and the admin tests
@@ -27,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
         *global_settings.PASSWORD_HASHERS,
     ]
     _flush_what_tests_wrote()
+    _remove_stale_sqlite_test_database(settings)
     # Under CI the suite runs once per database; a PostgreSQL run that cannot reach its server
     # must fail loudly, never pass by skipping.
     url = os.environ.get("DATABASE_URL", "")
