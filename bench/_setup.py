@@ -59,9 +59,10 @@ def truncate_ledger() -> None:
 
     with connection.cursor() as cur:
         cur.execute(
+            # CASCADE: the tables that reference the jobs (the waits), whichever the checkout
+            # has (bench/worker.py --against runs an older one)
             "TRUNCATE feishu_inbox_attempt, feishu_inbox_step, feishu_inbox_cardstream, "
-            "feishu_inbox_eventjob, "
-            "feishu_inbox_partition"
+            "feishu_inbox_eventjob, feishu_inbox_partition CASCADE"
         )
 
 

@@ -122,3 +122,13 @@ def reply_stream_raw(event: Event) -> None:
     operation(
         lambda seq, uuid: cardkit.card_settings(event.app, card_id, off, sequence=seq, uuid=uuid)
     )
+
+
+@feishu_inbox.handler("bench.signal")
+def resumed(event: Event) -> None:
+    """Waits for its own signal (bench/waits.py); writes the signal's commit time and when
+    its wait returned."""
+    got = feishu_inbox.wait_for(f"bench-{event.event_id[1:]}", timeout=None)
+    now = time.time()
+    with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
+        f.write(f"{got['t0']} {now}\n")
