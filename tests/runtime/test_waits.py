@@ -337,3 +337,35 @@ def test_inbox_lists_shows_signals_times_out_and_cancels_waiting_jobs() -> None:
         b: "queued",
         c: "completed",
     }
+
+
+@pytest.mark.django_db(transaction=True)  # the async form writes from another thread
+def test_an_async_handler_awaits_its_waits() -> None:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    job_id = enqueue("e1")
+    feishu_inbox.signal("kept", {"early": True})
+    claimed = claim()
+    assert claimed is not None
+
+    async def handler() -> object:
+        # One database thread, whose connection is closed at the end, as a worker would.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        try:
+            got = await feishu_inbox.wait_for("kept", timeout=60)  # a kept signal: at once
+            await feishu_inbox.wait_for("later", timeout=None)  # suspends
+            return got
+        finally:
+            await asyncio.to_thread(connections.close_all)
+
+    with InHandler(claimed) as ctx, pytest.raises(Suspended) as stopped:
+        asyncio.run(handler())
+    assert stopped.value.name == "wait:2"
+    assert attempts.suspend(ctx, stopped.value) == "waiting"
+    assert dict(Wait.objects.filter(job_id=job_id).values_list("name", "state")) == {
+        "wait:1": "delivered",
+        "wait:2": "open",
+    }
