@@ -369,3 +369,46 @@ def test_an_async_handler_awaits_its_waits() -> None:
         "wait:1": "delivered",
         "wait:2": "open",
     }
+
+
+@pytest.mark.django_db(transaction=True)  # the foreign keys are checked at commit
+def test_retention_keeps_waiting_jobs_and_replay_and_purge_carry_the_waits() -> None:
+    from django.utils import timezone
+
+    from feishu_inbox.ledger import retention
+
+    done, waiting = enqueue("d1", chat="a"), enqueue("w1", chat="b")
+    for expected, key in ((done, "kd"), (waiting, "kw")):
+        claimed = claim()
+        assert claimed is not None and claimed.id == expected
+        run_to_wait(claimed, lambda key=key: feishu_inbox.wait_for(key, timeout=None))
+    feishu_inbox.signal("kd", "go")
+    claimed = claim()
+    assert claimed is not None and claimed.id == done
+    assert run_to_wait(claimed, lambda: feishu_inbox.wait_for("kd", timeout=None))[1] == "go"
+    ledger.finish(claimed.lease)
+    later = enqueue("d2", chat="a")  # runs after it: a replay then moves the job to a new id
+    claimed = claim()
+    assert claimed is not None and claimed.id == later
+    ledger.finish(claimed.lease)
+
+    replayed = ledger.replay([done])
+    new_id = replayed.moved[done]
+    assert list(Wait.objects.filter(job_id=new_id).values_list("state", "payload")) == [
+        ("delivered", "go")
+    ]
+    claimed = claim()
+    assert claimed is not None and claimed.id == new_id  # its wait memoized: no wait again
+    assert run_to_wait(claimed, lambda: feishu_inbox.wait_for("kd", timeout=None)) == (
+        "returned",
+        "go",
+    )
+    ledger.finish(claimed.lease)
+
+    long_ago = timezone.now() - timedelta(days=30)
+    EventJob.objects.all().update(received_at=long_ago, finished_at=long_ago)
+    Signal.objects.create(key="stale", sent_at=long_ago, expires_at=long_ago)
+    purged = retention.purge()
+    assert (purged.completed_deleted, purged.signals_deleted) == (2, 1)
+    assert list(EventJob.objects.values_list("id", "status")) == [(waiting, "waiting")]
+    assert list(Wait.objects.values_list("job_id", flat=True)) == [waiting]
