@@ -3,7 +3,8 @@ extra, the system checks name it; never a traceback, never a retry loop.
 
 Each test hides the extra's package from a real ``manage.py`` subprocess (``sys.modules[name]
 = None``: ``import`` raises ImportError and ``find_spec`` answers None, as in an environment
-without it). tests/site/test_stacks.py proves the same in clean environments from the wheel.
+without it). tests/site/test_stacks.py proves the same in clean environments from the wheel,
+where none of those packages is installed (its bare sites: ``each_missing_extra_is_named``).
 """
 
 from __future__ import annotations
