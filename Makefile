@@ -10,6 +10,7 @@
 # the metrics tests: `make setup` (run by make test) installs what is missing with apt-get when
 # it runs as root, otherwise it prints the one command that does.
 #   make test-stress N=5   the suites N times while a CPU hog takes every cycle they leave
+#   make test-stacks   the built wheel in clean environments, one per Python/Django stack (PyPI)
 PYTHON ?= python3
 VENV ?= .venv
 CHROMIUM ?= /usr/bin/chromium
@@ -20,7 +21,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo docs bytecode setup postgres test test-fast test-stress lint test-sqlite test-postgres test-postgres-outages test-all clean
+.PHONY: demo docs bytecode setup postgres test test-fast test-stress lint test-sqlite test-postgres test-postgres-outages test-stacks test-all clean
 
 # The virtual environment, with the demo's extra only (`make demo`: a fraction of the
 # development tools' size), or with everything the tests and the linters need (`.installed`).
@@ -77,21 +78,29 @@ bytecode: $(VENV)/.installed
 # JUNIT_DIR (make test-stress sets it per round): each suite writes its JUnit XML there.
 junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 
+# The stacks tests (make test-stacks) are no part of the two suites: they download.
 test-sqlite: $(VENV)/.installed bytecode
-	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) $(call junit,sqlite) $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stacks" $(call junit,sqlite) $(PYTEST_ARGS)
 
 # PostgreSQL is required: a run that cannot reach it fails, it never passes by skipping.
 # The suite creates and drops its own test databases. The tests marked any_database use no
 # test database (the SQLite suite runs them). Exit 5 is "no test selected" (a PYTEST_ARGS
 # selection without any of them).
 test-postgres: $(VENV)/.installed bytecode
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database" $(call junit,postgres) $(PYTEST_ARGS) || [ $$? = 5 ]
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks" $(call junit,postgres) $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The tests that stop the whole cluster (a restart under load) run on a throwaway cluster of
 # their own (initdb on a free port; needs the server's binaries, which a PostgreSQL install
 # has), in one process, beside everything else: stopping it fails no other test.
 test-postgres-outages: $(VENV)/.installed bytecode
 	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(PY) -m pytest -m stops_postgres $(call junit,postgres-outages) $(PYTEST_ARGS) || [ $$? = 5 ]
+
+# The built wheel installed into a clean virtual environment per stack the README names (each
+# Python 3.10-3.13 the machine has, with Django 5.2 or 6.x), the base package and then each
+# extra, from PyPI through uv's (or pip's) own cache: tests/site/test_stacks.py. The PostgreSQL
+# stack makes and drops a database of its own on PG_URL's server.
+test-stacks: $(VENV)/.installed
+	env -u DATABASE_URL PG_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m stacks tests/site/test_stacks.py $(call junit,stacks) $(PYTEST_ARGS)
 
 # What the suites need beyond Python, as COMMAND=PACKAGE (Debian/Ubuntu): Chromium for the
 # browser tests and Prometheus with promtool for the metrics tests (they never skip: a run
@@ -127,14 +136,14 @@ postgres: setup
 	  for _ in $$(seq 1 30); do pg_isready -q -d "$(PG_URL)" && exit 0; sleep 1; done; fi; \
 	echo "make test: no PostgreSQL answers at $(PG_URL) (user postgres, trust auth on 127.0.0.1; PG_URL=postgres://… to choose another)"; exit 1
 
-# The lint and the two suites run side by side: each suite spends most of its time waiting on
-# worker subprocesses, servers and the browser, so together they take about as long as the
-# longer one alone (each has its own database; PG_URL's is PostgreSQL's, SQLite's a file of
-# its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
+# The lint, the two suites and the stacks run side by side: each suite spends most of its time
+# waiting on worker subprocesses, servers, the browser and downloads, so together they take
+# about as long as the longest one alone (each has its own database; PG_URL's is PostgreSQL's,
+# SQLite's a file of its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
 test: setup postgres $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j4 --output-sync=target test-all
+	@$(MAKE) --no-print-directory -j5 --output-sync=target test-all
 
-test-all: lint test-sqlite test-postgres test-postgres-outages
+test-all: lint test-sqlite test-postgres test-postgres-outages test-stacks
 
 # The suites (the SQLite and PostgreSQL ones side by side, as make test runs them) N times back
 # to back while a CPU hog at nice 19 (stress-ng, else Python loops) takes every cycle they leave;
@@ -148,7 +157,7 @@ test-stress: setup postgres $(VENV)/.installed bytecode
 	  $(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-postgres-outages
 
 test-fast: $(VENV)/.installed
-	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(PY) -m pytest -x --failed-first -q $(PYTEST_ARGS)
+	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(PY) -m pytest -x --failed-first -q -m "not stacks" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .stress .pytest_cache .mypy_cache .ruff_cache db.sqlite3* test-db.sqlite3* staticfiles dist docs/_build

@@ -127,13 +127,17 @@ def check_openapi_credentials(app_configs: Any = None, **kwargs: Any) -> list[Ch
             )
         elif has_id:
             replying.append(name)
+    # A warning, not an error: the long connection needs the same credentials and not the
+    # SDK, so a site that only receives over it installs the connect extra alone; a reply or
+    # send without the SDK fails its job at once, naming the extra.
     if replying and not installed("openapi"):
         messages.append(
-            Error(
+            Warning(
                 "Open API credentials are set for Feishu app "
-                f"{', '.join(map(repr, replying))}, but Feishu's SDK (lark-oapi) is not installed.",
+                f"{', '.join(map(repr, replying))}, but Feishu's SDK (lark-oapi) is not "
+                "installed: replies and sends would fail (the long connection needs no SDK).",
                 hint=EXTRAS["openapi"].pip + ".",
-                id="feishu_inbox.E005",
+                id="feishu_inbox.W008",
             )
         )
     return messages

@@ -177,7 +177,7 @@ def warm_up() -> bool:
     try:
         import lark_oapi  # noqa: F401
         from lark_oapi.api.im.v1 import CreateMessageRequest  # noqa: F401
-    except ImportError:  # check E005 names it; the first call raises ConfigurationError
+    except ImportError:  # check W008 names it; the first call raises ConfigurationError
         return False
     return True
 

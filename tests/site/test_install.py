@@ -20,31 +20,19 @@ import shutil
 import site
 import subprocess
 import sys
-import textwrap
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
-from tests.support.processes import ROOT, free_port, port_open, stop, wait_for
+from tests.support.feishu_client import delivery, message_event
+from tests.support.processes import ROOT, wait_for
+from tests.support.sites import Site, manual_snippets, site_env, start_project
 
 # No test database here (a SQLite file of its own at most): the SQLite suite runs it once.
 pytestmark = pytest.mark.any_database
 
-STEPS = (
-    "pip",
-    "settings",
-    "urls",
-    "migrate",
-    "startapp",
-    "app-settings",
-    "handler",
-    "handler-modules",
-    "logging",
-)
 #: What the manual's install lines name for "the checkout".
 CHECKOUT_PLACEHOLDER = "path/to/feishu_inbox"
 #: Not part of the package: left out of the copy that is installed.
@@ -52,58 +40,6 @@ NOT_SHIPPED = shutil.ignore_patterns(
     ".git", ".venv*", "build", "dist", "*.egg-info", "artifacts", "staticfiles", "__pycache__",
     ".*_cache", ".hypothesis", ".bench", "*.sqlite3*",
 )  # fmt: skip
-
-
-def readme_snippets() -> dict[str, str]:
-    pattern = re.compile(
-        r"^( *)<!-- site-test: ([\w-]+) -->\n\1```\w*\n(.*?)\n\1```", re.MULTILINE | re.DOTALL
-    )
-    found: dict[str, str] = {}
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        for match in pattern.finditer(page.read_text()):
-            _indent, name, body = match.groups()
-            assert name not in found, f"the manual has two site-test snippets named {name!r}"
-            found[name] = textwrap.dedent(body) + "\n"
-    missing = [name for name in STEPS if name not in found]
-    assert not missing, f"the manual lost these install steps: {missing}"
-    return found
-
-
-@dataclass
-class Site:
-    """A startproject site in its own virtual environment."""
-
-    venv: Path
-    root: Path  # the directory with manage.py
-    env: dict[str, str]
-
-    @property
-    def python(self) -> str:
-        return str(self.venv / "bin" / "python")
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``python ARGS`` with the site's interpreter, in the site's directory; must succeed."""
-        return self._call([self.python, *args])
-
-    def shell(self, snippet: str) -> None:
-        """A README shell snippet, run as written with the site's ``python`` first on PATH."""
-        self._call(["bash", "-euo", "pipefail", "-c", snippet])
-
-    def _call(self, command: list[str]) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            command,
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{command[1:]} failed:\n{done.stdout}\n{done.stderr}"
-        return done
-
-    def job(self, job_id: int) -> dict[str, object]:
-        return json.loads(self.run("manage.py", "inbox", "show", str(job_id), "--json").stdout)
 
 
 def make_venv(tmp: Path) -> Path:
@@ -132,7 +68,7 @@ def make_venv(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     tmp = tmp_path_factory.mktemp("install")
-    snippets = readme_snippets()
+    snippets = manual_snippets()
     venv = make_venv(tmp)
 
     # 1. The wheel, built and installed as the manual says, from a copy of the checkout.
@@ -160,25 +96,8 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         env=clean,
     )
 
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("PYTEST")
-        and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH", "VIRTUAL_ENV")
-    }
-    env.update(
-        PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
-        FEISHU_ENCRYPT_KEY=ENCRYPT_KEY,
-        FEISHU_VERIFICATION_TOKEN=TOKEN,
-    )
-    subprocess.run(
-        [str(venv / "bin/python"), "-m", "django", "startproject", "mysite"],
-        cwd=tmp,
-        env=env,
-        check=True,
-        timeout=60,
-    )
-    yield Site(venv=venv, root=tmp / "mysite", env=env)
+    env = site_env(venv)
+    yield start_project(venv, tmp, env)
 
 
 def test_the_installed_package_is_the_built_one_with_its_data(site_dir: Site) -> None:
@@ -204,9 +123,8 @@ def test_the_installed_package_is_the_built_one_with_its_data(site_dir: Site) ->
 
 
 def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
-    snippets = readme_snippets()
-    settings = site_dir.root / "mysite" / "settings.py"
-    urls = site_dir.root / "mysite" / "urls.py"
+    snippets = manual_snippets()
+    settings, urls = site_dir.settings, site_dir.urls
     project_settings, project_urls = settings.read_text(), urls.read_text()
 
     def configure(*parts: str) -> None:
@@ -219,19 +137,7 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
     # No W002 (SQLite options), no W003 (secrets); W004: no handler is registered yet.
     assert re.findall(r"feishu_inbox\.[EW]\d+", check.stderr) == ["feishu_inbox.W004"], check.stderr
 
-    port = free_port()
-    server_log = site_dir.root / "server.log"
-    with server_log.open("w") as log_file:
-        server = subprocess.Popen(
-            [site_dir.python, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-            cwd=site_dir.root,
-            env=site_dir.env,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
-    try:
-        wait_for(lambda: port_open(port) or server.poll() is not None, 60, "runserver")
-        assert server.poll() is None, "runserver exited at start"
+    with site_dir.serving() as port:
 
         def deliver(text: str) -> str:
             envelope = message_event(chat_id="oc_site", text=text)
@@ -249,8 +155,8 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
         first = deliver("one")
         # The web process logs the stored event through the manual's LOGGING.
         stored = f"INFO feishu_inbox.inbound stored event {first} (type im.message.receive_v1, "
-        wait_for(lambda: stored in server_log.read_text(), 10, "the stored event's log line")
-        assert "as job 1" in server_log.read_text().split(stored, 1)[1].splitlines()[0]
+        wait_for(lambda: stored in site_dir.log("runserver"), 10, "the stored event's log line")
+        assert "as job 1" in site_dir.log("runserver").split(stored, 1)[1].splitlines()[0]
         worker = site_dir.run("manage.py", "runworker", "--burst")
         assert "handler modules: none; event types: none" in worker.stderr, worker.stderr
         assert "no handler is registered" in worker.stderr
@@ -280,5 +186,3 @@ def test_readme_steps_in_a_fresh_startproject_site(site_dir: Site) -> None:
         assert "handler modules: bot.feishu_handlers; event types:" in worker.stderr
         assert f"{third}: three" in worker.stdout
         assert (site_dir.job(3)["status"], site_dir.job(3)["error_type"]) == ("completed", "")
-    finally:
-        stop(server)
