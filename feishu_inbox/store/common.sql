@@ -482,6 +482,12 @@ RETURNING payload
 SELECT id, job_id, key, partition_key FROM {wait}
 WHERE key = %(key)s AND state = 'open' ORDER BY id LIMIT 1
 
+-- question_of_key --
+-- The card question of a key (feishu_inbox.ask), whatever its state: a click decides an open
+-- one, and a second or late click is told what became of it. The newest, if ever several.
+SELECT id, job_id, key, partition_key, state, ask FROM {wait}
+WHERE key = %(key)s AND ask IS NOT NULL ORDER BY id DESC LIMIT 1
+
 -- open_wait_of_job --
 -- The open wait of a job (a job waits for one thing at a time), for an operator's action.
 SELECT id, job_id, key, partition_key FROM {wait}
