@@ -7,6 +7,7 @@
 - ``kinds``: the kinds of job (Feishu events, schedule occurrences, tasks …) in one open
   registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
   workers are woken (NOTIFY) and how many claims run side by side.
+- ``fences``: why a fenced call found its lease gone (``rules`` and ``waits`` say it).
 - ``retention``: what the ledger forgets, and when; ``stats``: what operators read.
 - ``retry``: retry policies, the site's and each event type's; ``idempotency``: an idempotent
   effect's key, window and margin; ``payloads``: limits on the JSON stored.

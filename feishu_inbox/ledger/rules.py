@@ -39,10 +39,11 @@ from ..errors import (
     Superseded,
     truncate,
 )
-from ..models import EventJob, Status
+from ..models import EventJob
 from ..store import EVERY_KEY, KeyFilter, Row, store
 from ..store.base import aware
 from . import pauses, waits
+from .fences import why_not_held as _why_not_held
 from .idempotency import Idempotent, window_params, window_passed
 from .operators import Outcome as Outcome  # the operator actions, offered here too
 from .operators import cancel as cancel
@@ -286,19 +287,6 @@ def new_token() -> str:
 
 
 # --- fenced operations of the lease holder -------------------------------------------------
-
-
-def _why_not_held(lease: Lease, found: Row | None = None) -> str | None:
-    """Why a fenced call found the lease gone (read outside the failed statement); None if the
-    lease is still held (what stopped the call was something else)."""
-    found = found or store().lease_state(lease.job_id)
-    if found is None:
-        return "it no longer exists"
-    if found["status"] != Status.RUNNING:
-        return f"it is {found['status']} now"
-    if found["worker_id"] != lease.worker_id or found["lease_token"] != lease.token:
-        return f"worker {found['worker_id']} holds it now"
-    return "its lease expired" if found["expired"] else None
 
 
 def _lease_lost(lease: Lease, doing: str) -> LeaseLost:

@@ -26,6 +26,7 @@ from ..errors import InvalidState, JobNotFound, LeaseLost, LedgerError, NoWaiter
 from ..store import Row, store
 from ..store.base import aware
 from ..store.waits import PARKED_PREFIX
+from .fences import why_not_held
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
 
 log = logging.getLogger("feishu_inbox.ledger")
@@ -131,9 +132,7 @@ def suspend(lease: Any, *, name: str, what: str, retrying: bool = False) -> str:
     if status is not None:
         telemetry.WAITS.labels("suspended").inc()
         return status
-    from .rules import _why_not_held
-
-    why = _why_not_held(lease)
+    why = why_not_held(lease)
     if why is not None:
         raise LeaseLost(f"Cannot suspend job {lease.job_id}: {why}.")
     raise InvalidState(
