@@ -16,6 +16,7 @@
 - ``registry``: the handlers registered, their retry policies, timeouts and limits;
 - ``context``: the running job as the handler API sees it (``Event``, ``JobContext``);
 - ``handlers``: the handler API (``effect``, ``checkpoint``); ``steps``: memoized steps;
+  ``waits``: durable waits (``sleep``, ``sleep_until``, ``wait_for``, ``signal``);
   ``limits``: rate limits and concurrency slots taken from inside a job.
 
 It reads and writes the ledger only through ``feishu_inbox.ledger``; what the layers above it

@@ -8,6 +8,7 @@ operations call stored functions (``functions/``), loaded by migrations.
 - here: the interface (``Store``), split by who uses it: ``HotPath``, ``Leases``, ``Waits``,
   ``Operators``, ``Schedules``, ``Insights``; and ``store()``, the store of the database;
 - ``base``: what both stores share (running named queries, the operations composed of them);
+  ``waits``: the waits' operations (a wait, its suspend, a signal, a card's click);
 - ``postgres`` and ``sqlite``: one store each;
 - ``queries``: named SQL read from the ``.sql`` files; ``schema``: table names, statuses and
   shared SQL fragments; ``migration``: the operation that loads a stored-function file.
