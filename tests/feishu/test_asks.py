@@ -6,6 +6,7 @@ tests/feishu/test_ask_workers.py proves the same through real workers and the lo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -331,3 +332,43 @@ def test_a_slow_database_is_answered_in_time_and_the_click_still_counts_once(
     payloads = [w.payload for w in Wait.objects.filter(job=job)]
     assert [p["choice"] for p in payloads] == ["Approve"]
     assert json.dumps(payloads)  # JSON data, as stored
+
+
+def test_the_webhook_decides_a_click_before_it_answers(
+    fake_feishu: FakeFeishu, client: Any
+) -> None:
+    job = question_job(fake_feishu)
+    run(asking())
+    body = card_action()
+    body["event"]["action"]["value"] = buttons(fake_feishu)["Approve"]
+
+    def post() -> Any:
+        return client.post("/feishu/bot/events/", json.dumps(body), content_type="application/json")
+
+    started = time.monotonic()
+    response = post()
+    assert time.monotonic() - started < 3.0
+    assert (response.status_code, response.json()) == (
+        200,
+        {"toast": {"type": "success", "content": "Received: Approve"}},
+    )
+    assert EventJob.objects.get(pk=job.pk).status == Status.QUEUED  # before the answer
+    assert not EventJob.objects.filter(event_type="card.action.trigger").exists()
+    body["header"]["event_id"] = "another"
+    assert toast(post().json()) == "Already decided."
+
+
+def test_an_async_handler_awaits_its_answer(fake_feishu: FakeFeishu) -> None:
+    question_job(fake_feishu)
+
+    def ask_async(event: feishu_inbox.Event) -> Any:
+        async def handler() -> Any:
+            return await feishu_inbox.ask(event, "Sure?", choices=CHOICES, timeout=60)
+
+        return asyncio.run(handler())
+
+    assert run(ask_async) == ("suspended", "waiting")
+    assert toast(click(buttons(fake_feishu)["Approve"])) == "Received: Approve"
+    how, answer = run(ask_async)
+    assert (how, answer.choice, answer.open_id) == ("returned", "Approve", "ou_alice")
+    assert "**Approve**" in shown(fake_feishu)
