@@ -136,8 +136,8 @@ def suspend(lease: Any, *, name: str, what: str, retrying: bool = False) -> str:
     if why is not None:
         raise LeaseLost(f"Cannot suspend job {lease.job_id}: {why}.")
     raise InvalidState(
-        f"Job {lease.job_id} cannot wait: an effect of it is in flight or uncertain, an "
-        "operator cancelled it, or an earlier attempt started an effect.",
+        f"Job {lease.job_id} cannot wait: an effect of it is in flight or uncertain, or an "
+        "operator cancelled it.",
         fix="Wait only after every effect has ended, each inside a step.",
     )
 

@@ -372,3 +372,27 @@ def test_an_async_handler_awaits_its_answer(fake_feishu: FakeFeishu) -> None:
     how, answer = run(ask_async)
     assert (how, answer.choice, answer.open_id) == ("returned", "Approve", "ou_alice")
     assert "**Approve**" in shown(fake_feishu)
+
+
+def test_a_lost_answer_to_the_cards_send_is_sent_again_and_the_job_still_waits(
+    fake_feishu: FakeFeishu,
+) -> None:
+    job = question_job(fake_feishu)
+    fake_feishu.fail_next(DROP_AFTER_APPLY)  # the reply created, then the connection drops
+    [claimed] = ledger.claim("w")
+    with InHandler(claimed) as ctx, pytest.raises(FeishuTransientError):
+        asking()(ctx.event)
+    assert ledger.fail(claimed.lease, error_type="FeishuTransientError", retry_in=0) == (
+        "retry_wait"
+    )
+    make_due(job.pk)
+    # the retry sends the same reply (its uuid: Feishu's duplicate), then waits
+    assert run(asking()) == ("suspended", "waiting")
+    assert [r.outcome for r in fake_feishu.requests if "reply" in r.path] == [
+        "drop_after_apply",
+        "duplicate",
+    ]
+    assert len(fake_feishu.messages) == 1 and len(fake_feishu.cardkit.cards) == 1
+    assert toast(click(buttons(fake_feishu)["Reject"])) == "Received: Reject"
+    how, answer = run(asking())
+    assert (how, answer.choice) == ("returned", "Reject")
