@@ -202,7 +202,7 @@ def answer_question(key: str, *, open_id: str, choice: str, at: datetime) -> str
     payload = {"choice": choice, "open_id": open_id, "at": at.isoformat()}
     text = json.dumps(payload, ensure_ascii=False)
     outcome = store().answer_question(key, open_id, choice, text)
-    telemetry.WAITS.labels("signalled" if outcome == DECIDED else f"click_{outcome}").inc()
+    telemetry.WAITS.labels(f"click_{outcome}").inc()
     return outcome
 
 

@@ -396,3 +396,24 @@ def test_a_lost_answer_to_the_cards_send_is_sent_again_and_the_job_still_waits(
     assert toast(click(buttons(fake_feishu)["Reject"])) == "Received: Reject"
     how, answer = run(asking())
     assert (how, answer.choice) == ("returned", "Reject")
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_a_click_finds_its_question_by_the_partial_index_of_questions() -> None:
+    """question_of_key reads any state of a question's wait (a late click): by the index of
+    questions' keys, never by a scan of every wait."""
+    from feishu_inbox.store import store
+
+    job = EventJobFactory()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {Wait._meta.db_table} (job_id, name, key, state, hold_chat, "
+            "created_at, partition_key, ask) SELECT %s, 'w' || g, 'k' || g, 'delivered', FALSE, "
+            "now(), '', CASE WHEN g %% 100 = 0 THEN '{}'::jsonb END "
+            "FROM generate_series(1, 20000) g",
+            [job.pk],
+        )
+        cur.execute("ANALYZE")
+        cur.execute("EXPLAIN " + store().queries["question_of_key"].sql, {"key": "k100"})
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "feishu_inbox_wait_question" in plan and "Seq Scan" not in plan, plan
