@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .errors import Cancelled, LeaseLost, NoWaiter, Superseded, TimedOut, WaitRefused, WaitTimedOut
+from .errors import (
+    Cancelled,
+    LeaseLost,
+    NoWaiter,
+    QuestionExpired,
+    Superseded,
+    TimedOut,
+    WaitRefused,
+    WaitTimedOut,
+)
+from .feishu.asks import Answer, ask
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
 from .feishu.streams import stream_reply, stream_send
@@ -18,12 +28,14 @@ from .schedules import schedule
 __version__ = "0.2.0"
 
 __all__ = [
+    "Answer",
     "Cancelled",
     "CardAction",
     "Event",
     "EventKeys",
     "LeaseLost",
     "NoWaiter",
+    "QuestionExpired",
     "RateLimit",
     "RetryAfter",
     "RetryAt",
@@ -32,6 +44,7 @@ __all__ = [
     "TimedOut",
     "WaitRefused",
     "WaitTimedOut",
+    "ask",
     "card_callback",
     "checkpoint",
     "client",

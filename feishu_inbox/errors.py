@@ -122,6 +122,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Put each effect before a wait inside feishu_inbox.step(); wait only in Feishu "
         "handlers and schedules; keep a handler's waits in the same order on every run.",
     ),
+    "question_expired": (
+        "Nobody answered a card question (feishu_inbox.ask) before its timeout: its card "
+        'shows it expired, and a later click is answered "expired".',
+        "Catch feishu_inbox.QuestionExpired (or WaitTimedOut) in the handler to act on it; "
+        "give ask() a longer timeout if people need more time to answer.",
+    ),
     "no_waiter": (
         "No job waits for this signal's key, and the signal was sent with keep=False.",
         "Send it with keep=True (the default) to keep it for the job that will wait, or check "
@@ -335,6 +341,13 @@ class WaitTimedOut(LedgerError):
 
     code = "wait_timed_out"
     final = True
+
+
+class QuestionExpired(WaitTimedOut):
+    """Raised by ``ask`` when nobody answered its card question before its timeout (the card
+    was updated to say so first). A ``WaitTimedOut``: catch either."""
+
+    code = "question_expired"
 
 
 class WaitRefused(LedgerError):

@@ -40,6 +40,9 @@ class Wait(models.Model):
     #: The job keeps its chat while it waits (the chat's later jobs wait behind it).
     hold_chat = models.BooleanField(default=True)
     payload = models.JSONField(null=True, blank=True)
+    #: A card question's rule (``feishu_inbox.ask``): ``{"choices": [...], "who": [...] or
+    #: null}``, read by the card callback under the key's lock; null for other waits.
+    ask = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
 
@@ -52,6 +55,10 @@ class Wait(models.Model):
             # deliver_signal: the open wait of a key.
             models.Index(
                 fields=["key"], name="feishu_inbox_wait_key", condition=Q(state=WaitState.OPEN)
+            ),
+            # question_of_key: a card question's wait, whatever its state (a late click).
+            models.Index(
+                fields=["key"], name="feishu_inbox_wait_question", condition=Q(ask__isnull=False)
             ),
             # due_waits and the worker's next wake-up: the earliest open deadline.
             models.Index(

@@ -12,7 +12,10 @@
 - ``replies``: ``reply``/``send``/``client``, the message calls as idempotent effects;
 - ``cardkit``: the CardKit calls a streamed card is made of (create, stream, settings, update);
 - ``streams``: ``stream_reply``/``stream_send``, an answer streamed into one card, resumed
-  after a crash (its state in ``ledger/streams.py``).
+  after a crash (its state in ``ledger/streams.py``);
+- ``asks``: ``ask``, a question in a card with a button per choice, a durable wait for the
+  click (its wait in ``ledger/waits.py``); ``questions``: the click, decided under the
+  question's key before the webhook or the long connection answers it.
 
 A new Feishu API call goes in ``openapi`` (the request, its answers as errors) and, when a
 handler makes it, beside ``reply`` in ``replies`` as an effect.

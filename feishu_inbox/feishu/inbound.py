@@ -2,8 +2,9 @@
 
 ``store`` gives an event its keys and stores it once (``ledger.enqueue``, one transaction):
 the same dedupe key, partition and private flag whichever path brought it, so an event seen
-on both paths, or redelivered to another connection, is one job. ``answer_card`` runs the
-site's ``@card_callback`` within its budget; whatever goes wrong answers ``{}``.
+on both paths, or redelivered to another connection, is one job. ``answer_card`` decides a
+click on a question's button (``questions.py``), or runs the site's ``@card_callback`` within
+its budget; whatever goes wrong answers ``{}``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from django.db import connections
 from .. import telemetry, tracing
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
-from . import protocol
+from . import protocol, questions
 
 log = logging.getLogger("feishu_inbox.inbound")
 
@@ -89,7 +90,12 @@ def partition_of(app: str, keys: protocol.EventKeys) -> str:
 
 def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[str, Any]:
     """The registered callback's answer to a ``card.action.trigger``, or ``{}`` when there is
-    none, it raises, it answers something else than a dict, or it takes over ``budget``."""
+    none, it raises, it answers something else than a dict, or it takes over ``budget``.
+    A click on a button of ``feishu_inbox.ask``'s card is decided and answered by
+    ``questions.answer_click`` instead (the site's callback never sees it)."""
+    click = questions.click_of(envelope)
+    if click is not None:
+        return questions.answer_click(click, budget, envelope.event_id)
     callback = protocol.card_callback_for(app)
     if callback is None:
         return {}

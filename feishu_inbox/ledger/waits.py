@@ -104,9 +104,11 @@ def begin_wait(
     seconds: float | None,
     hold_chat: bool,
     lease_seconds: float | None = None,
+    ask: dict[str, Any] | None = None,
 ) -> WaitMemo:
     """The job's wait ``name``: what an earlier run recorded, a kept signal taken now, or a
-    new open wait (the handler then suspends). Fenced: ``LeaseLost`` once the lease is gone."""
+    new open wait (the handler then suspends). Fenced: ``LeaseLost`` once the lease is gone.
+    ``ask``: a card question's rule (its choices and who may answer: ``answer_question``)."""
     found = store().begin_wait(
         lease,
         name=name,
@@ -114,6 +116,7 @@ def begin_wait(
         seconds=seconds,
         hold_chat=hold_chat,
         lease_seconds=lease_seconds or checked_settings().LEASE_SECONDS,
+        ask=None if ask is None else json.dumps(ask, ensure_ascii=False),
     )
     if found is None:
         raise LeaseLost(f"Cannot wait in job {lease.job_id}: its lease is lost.")
@@ -135,8 +138,8 @@ def suspend(lease: Any, *, name: str, what: str, retrying: bool = False) -> str:
     if why is not None:
         raise LeaseLost(f"Cannot suspend job {lease.job_id}: {why}.")
     raise InvalidState(
-        f"Job {lease.job_id} cannot wait: an effect of it is in flight or uncertain, an "
-        "operator cancelled it, or an earlier attempt started an effect.",
+        f"Job {lease.job_id} cannot wait: an effect of it is in flight or uncertain, or an "
+        "operator cancelled it.",
         fix="Wait only after every effect has ended, each inside a step.",
     )
 
@@ -178,6 +181,31 @@ def _keep_seconds(keep: bool | float | timedelta) -> float | None:
             fix="keep=True keeps a signal nobody waits for yet for SIGNAL_KEEP.",
         )
     return float(seconds)
+
+
+#: What a click on a card question's button did (``answer_question``): only ``DECIDED``
+#: changed anything.
+DECIDED, ALREADY_DECIDED, EXPIRED, NOT_YOURS, NOT_A_CHOICE = (
+    "decided",
+    "already_decided",
+    "expired",
+    "not_yours",
+    "not_a_choice",
+)
+
+
+def answer_question(key: str, *, open_id: str, choice: str, at: datetime) -> str:
+    """A click on a button of the card question ``key`` (``feishu_inbox.ask``) by ``open_id``,
+    decided in one transaction under the key's lock, so two clicks make one decision: the
+    first allowed click of a choice delivers ``{"choice", "open_id", "at"}`` to the waiting
+    job (``DECIDED``); any other changes nothing and says why (``ALREADY_DECIDED``,
+    ``EXPIRED``: timed out, cancelled or unknown, ``NOT_YOURS``, ``NOT_A_CHOICE``)."""
+    check_key(key)
+    payload = {"choice": choice, "open_id": open_id, "at": at.isoformat()}
+    text = json.dumps(payload, ensure_ascii=False)
+    outcome = store().answer_question(key, open_id, choice, text)
+    telemetry.WAITS.labels(f"click_{outcome}").inc()
+    return outcome
 
 
 # --- the workers -----------------------------------------------------------------------------

@@ -64,8 +64,8 @@ def signal(key: str, payload: Any = None, *, keep: bool | float | timedelta = Tr
 def sleep(duration: timedelta | float, *, name: str | None = None, hold_chat: bool = False) -> Any:
     """Sleep ``duration`` (a timedelta or seconds) durably: the job waits without a slot and
     resumes after it, once, even across restarts."""
-    seconds = _seconds(duration, "sleep")
-    return _call(lambda: _wait(key="", seconds=seconds, name=name, hold_chat=hold_chat))
+    seconds = as_seconds(duration, "sleep")
+    return in_handler(lambda: _wait(key="", seconds=seconds, name=name, hold_chat=hold_chat))
 
 
 def sleep_until(when: datetime, *, name: str | None = None, hold_chat: bool = False) -> Any:
@@ -82,7 +82,7 @@ def sleep_until(when: datetime, *, name: str | None = None, hold_chat: bool = Fa
         seconds = (when - database_now()).total_seconds()
         return _wait(key="", seconds=seconds, name=name, hold_chat=hold_chat)
 
-    return _call(run)
+    return in_handler(run)
 
 
 def wait_for(
@@ -100,11 +100,11 @@ def wait_for(
             f"A signal's key must be a string of 1 to {KEY_LIMIT} characters (got {key!r:.80}).",
             fix="Name what the job waits for, e.g. f'payment:{order.id}'.",
         )
-    seconds = None if timeout is None else _seconds(timeout, "timeout")
-    return _call(lambda: _wait(key=key, seconds=seconds, name=name, hold_chat=hold_chat))
+    seconds = None if timeout is None else as_seconds(timeout, "timeout")
+    return in_handler(lambda: _wait(key=key, seconds=seconds, name=name, hold_chat=hold_chat))
 
 
-def _seconds(value: timedelta | float, what: str) -> float:
+def as_seconds(value: timedelta | float, what: str) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds != seconds:
         raise LedgerError(
@@ -114,7 +114,7 @@ def _seconds(value: timedelta | float, what: str) -> float:
     return float(seconds)
 
 
-def _call(run: Any) -> Any:
+def in_handler(run: Any) -> Any:
     """Run ``run`` now (a sync handler), or return an awaitable that runs it off the event
     loop (an async handler: the ledger's calls block)."""
     try:
@@ -142,8 +142,21 @@ def _in_context(ctx: context.JobContext, run: Any) -> Any:
 
 
 def _wait(*, key: str, seconds: float | None, name: str | None, hold_chat: bool) -> Any:
-    from ..ledger import waits as ledger_waits
+    name, memo = open_wait(key=key, seconds=seconds, name=name, hold_chat=hold_chat)
+    return outcome(name, memo)
 
+
+def open_wait(
+    *,
+    key: str,
+    seconds: float | None,
+    name: str | None,
+    hold_chat: bool,
+    ask: dict[str, Any] | None = None,
+) -> tuple[str, Any]:
+    """The running job's wait: checked, then recorded (open, or the memo of an earlier run),
+    without suspending yet: ``outcome`` does. Returns its name and its ``WaitMemo``. ``ask``
+    (what ``feishu_inbox.ask`` opens before its card leaves): the question's rule."""
     ctx = context.current()
     ctx.ensure_alive()
     ctx.ensure_in_time()
@@ -166,7 +179,26 @@ def _wait(*, key: str, seconds: float | None, name: str | None, hold_chat: bool)
             f"Job {event.job_id} cannot wait after an effect that ran outside a step: its "
             "resumed run would repeat that effect.",
         )
-    memo = writes.write(
+    memo = _record(ctx, name, key, seconds, hold_chat, ask)
+    if memo.key != key:
+        raise WaitRefused(
+            f"Job {event.job_id}'s wait {name!r} waited for {memo.key or 'a time'!r} before, "
+            f"not {key or 'a time'!r}: its waits ran in another order.",
+        )
+    return name, memo
+
+
+def _record(
+    ctx: context.JobContext,
+    name: str,
+    key: str,
+    seconds: float | None,
+    hold_chat: bool,
+    ask: dict[str, Any] | None,
+) -> Any:
+    from ..ledger import waits as ledger_waits
+
+    return writes.write(
         ctx,
         "wait in",
         lambda _: ledger_waits.begin_wait(
@@ -176,13 +208,17 @@ def _wait(*, key: str, seconds: float | None, name: str | None, hold_chat: bool)
             seconds=seconds,
             hold_chat=hold_chat,
             lease_seconds=ctx.lease_seconds,  # the worker's own lease length, not the site's
+            ask=ask,
         ),
     )
-    if memo.key != key:
-        raise WaitRefused(
-            f"Job {event.job_id}'s wait {name!r} waited for {memo.key or 'a time'!r} before, "
-            f"not {key or 'a time'!r}: its waits ran in another order.",
-        )
+
+
+def outcome(name: str, memo: Any) -> Any:
+    """What the wait ``memo`` gives the handler: its payload (a signal), None (a sleep), or
+    ``WaitTimedOut``; an open wait suspends the job (``Suspended``)."""
+    ctx = context.current()
+    event = ctx.event
+    key = memo.key
     what = f"the signal {key!r}" if key else "its time"
     if memo.state == OPEN:
         raise Suspended(name, what)

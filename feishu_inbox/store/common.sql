@@ -450,19 +450,21 @@ RETURNING id
 -- enter_wait --
 -- A running job starts to wait (SPEC §9e), fenced: `waiting`, its lease cleared and its
 -- attempt given back (as hand_back). Refused (nothing matched) while an effect is in flight
--- or uncertain, once an operator cancelled it, or when an earlier attempt started an effect
--- (idempotent_since before this claim): that effect's outcome is no step's memo. The effects
--- this attempt finished were each inside a recorded step (the handler API refuses a wait
--- otherwise), so a resumed run repeats none of them: the job may be claimed again, and its
--- effect flags and window are cleared (SPEC invariant 3, as waits reword it). A job that
--- gives its chat back moves to a partition of its own (%(parked_key)s; NULL: it holds it).
+-- or uncertain, or once an operator cancelled it. The effects this attempt finished were each
+-- inside a recorded step (the handler API refuses a wait otherwise), so a resumed run repeats
+-- none of them: the job may be claimed again, and its effect flags and window are cleared
+-- (SPEC invariant 3, as waits reword it). An effect an earlier attempt started (an
+-- idempotent one: any other leaves no later attempt) is no reason to refuse: this attempt ran
+-- the same handler to the same wait without an effect outside a step, so that effect was
+-- inside a step too, which this attempt either found recorded or ran again (the same key,
+-- settled now: not uncertain). A job that gives its chat back moves to a partition of its
+-- own (%(parked_key)s; NULL: it holds it).
 UPDATE {job} SET status = '{waiting}', attempt = attempt - 1, available_at = now(),
     side_effect_started = FALSE, idempotent_until = NULL, idempotent_since = NULL,
     error_type = 'Waiting', error_message = %(message)s,
     lease_token = '', lease_until = NULL,
     partition_key = COALESCE(%(parked_key)s, partition_key)
 WHERE {fence} AND NOT {effect_open} AND NOT cancel_requested
-  AND NOT COALESCE(idempotent_since < claimed_at, FALSE)
 RETURNING status
 
 -- job_wait --
@@ -481,6 +483,12 @@ RETURNING payload
 -- The open wait of a key that a signal resolves: the oldest, if several wait for it.
 SELECT id, job_id, key, partition_key FROM {wait}
 WHERE key = %(key)s AND state = 'open' ORDER BY id LIMIT 1
+
+-- question_of_key --
+-- The card question of a key (feishu_inbox.ask), whatever its state: a click decides an open
+-- one, and a second or late click is told what became of it. The newest, if ever several.
+SELECT id, job_id, key, partition_key, state, ask FROM {wait}
+WHERE key = %(key)s AND ask IS NOT NULL ORDER BY id DESC LIMIT 1
 
 -- open_wait_of_job --
 -- The open wait of a job (a job waits for one thing at a time), for an operator's action.

@@ -223,12 +223,13 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7483))
 -- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
 -- (NULL: no time limit). %(payload)s is JSON text.
 INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at,
-                    partition_key)
+                    partition_key, ask)
 VALUES (%(job_id)s, %(name)s, %(key)s,
         CASE WHEN %(seconds)s::float8 IS NULL THEN NULL
              ELSE now() + %(seconds)s::float8 * interval '1 second' END,
         %(state)s, %(hold_chat)s, %(payload)s::jsonb, now(),
-        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s)
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s,
+        %(ask)s::jsonb)
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id
 

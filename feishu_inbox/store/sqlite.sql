@@ -157,11 +157,12 @@ SELECT 1 AS locked
 -- A job's wait, open (or already delivered by a kept signal), until %(seconds)s from now
 -- (NULL: no time limit). Differs from PostgreSQL: JSON is text, no casts.
 INSERT INTO {wait} (job_id, name, key, until, state, hold_chat, payload, created_at, resolved_at,
-                    partition_key)
+                    partition_key, ask)
 VALUES (%(job_id)s, %(name)s, %(key)s,
         CASE WHEN %(seconds)s IS NULL THEN NULL ELSE feishu_inbox_now_plus(%(seconds)s) END,
         %(state)s, %(hold_chat)s, %(payload)s, now(),
-        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s)
+        CASE WHEN %(state)s = 'open' THEN NULL ELSE now() END, %(partition_key)s,
+        %(ask)s)
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id
 

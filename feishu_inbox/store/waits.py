@@ -12,6 +12,7 @@ its receipt sequence (its id) never changes, so it goes back to its place in its
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,7 @@ class WaitStore:
         seconds: float | None,
         hold_chat: bool,
         lease_seconds: float,
+        ask: str | None = None,
     ) -> Row | None:
         """The wait ``name`` of a running job (fenced: None once the lease is lost): its memo
         if it waited so before; else delivered at once by a kept signal of ``key``; else
@@ -95,6 +97,7 @@ class WaitStore:
                     "hold_chat": hold_chat,
                     "payload": None if kept is None else _json_text(kept["payload"]),
                     "partition_key": fence.partition_key,
+                    "ask": ask,
                 },
             )
             return self.row("job_wait", {"job_id": fence.job_id, "name": name})
@@ -151,6 +154,35 @@ class WaitStore:
             self.execute("keep_signal", {"key": key, "payload": payload, "seconds": keep_seconds})
             return {"kept": True}
 
+    def answer_question(self, key: str, open_id: str, choice: str, payload: str) -> str:
+        """A click on a card question's button (``feishu_inbox.ask``), decided in one
+        transaction under the key's lock: ``decided`` (the wait delivered ``payload``, its job
+        resumes), else nothing changed and why: ``expired`` (no such question, or it timed
+        out or was cancelled), ``not_yours`` (its ``who`` does not name ``open_id``),
+        ``not_a_choice`` (a value its buttons never carried), ``already_decided``."""
+        with self.transaction():
+            self.row("lock_signal_key", {"key": key})
+            wait = self.row("question_of_key", {"key": key})
+            if wait is None:
+                return "expired"
+            rule = wait["ask"]
+            if isinstance(rule, str | bytes):
+                rule = json.loads(rule)
+            rule = rule if isinstance(rule, dict) else {}
+            who = rule.get("who")
+            if isinstance(who, list) and open_id not in who:
+                return "not_yours"
+            choices = rule.get("choices")
+            if isinstance(choices, list) and choice not in choices:
+                return "not_a_choice"
+            if wait["state"] == "delivered":
+                return "already_decided"
+            if wait["state"] != "open":
+                return "expired"
+            if not self._resolve(wait, state="delivered", payload=payload):
+                return "already_decided"  # (not under the key's lock: never, in practice)
+            return "decided"
+
     def _resolve(self, wait: Row, *, state: str, payload: str | None) -> bool:
         """In the caller's transaction (the key locked): the exactly-once gate, then the
         job's resume if it is waiting (a job still running toward its suspend finds the wait
@@ -196,8 +228,6 @@ class WaitStore:
 
 def _json_text(value: Any) -> str | None:
     """A JSON column's value, read back, as the JSON text the insert takes."""
-    import json
-
     if value is None:
         return None
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

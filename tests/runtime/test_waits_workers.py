@@ -84,8 +84,9 @@ def test_a_thousand_waiting_jobs_hold_no_slot_and_each_resumes_once_across_kills
 
     statuses = dict(EventJob.objects.values_list("event_id", "status"))
     unknown = {e for e, s in statuses.items() if s == "unknown"}
-    # Only a job killed inside its effect may end unknown (its effect is never repeated).
-    assert len(unknown) <= 2, unknown
+    # Only a job killed after its effect began (inside it, or after it while its finish waited
+    # for its batch's commit) may end unknown: its effect is never repeated.
+    assert len(unknown) < WAITERS // 10, unknown
     assert all(
         EventJob.objects.get(event_id=e).error_type == "LeaseExpiredAfterSideEffect"
         for e in unknown

@@ -213,3 +213,28 @@ async def async_stuck(event: Event) -> None:
 
 #: An async handler under a timeout of 1.5 s.
 feishu_inbox.handler("test.async_timed", timeout=timedelta(seconds=1.5))(async_stuck)
+
+
+@feishu_inbox.handler("test.ask")
+def ask(event: Event) -> None:
+    """Ask ``question`` in a card (SPEC §9e) with ``choices``, ``timeout`` seconds and ``who``;
+    record the answer (or the expiry), then wait for the gate ``gate`` if the payload names
+    one (a test kills the worker there)."""
+    pid = os.getpid()
+    record("start", event.event_id, pid, time.monotonic_ns(), event.attempt)
+    p = event.payload
+    try:
+        answer = feishu_inbox.ask(
+            event,
+            p.get("question", "Delete these 40 records?"),
+            choices=p.get("choices", ["Approve", "Reject"]),
+            timeout=p.get("timeout", 600),
+            who=p.get("who"),
+        )
+    except feishu_inbox.QuestionExpired:
+        record("expired", event.event_id, pid)
+        raise
+    record("answered", event.event_id, answer.choice, answer.open_id, pid)
+    if p.get("gate"):
+        wait_gate(p["gate"])
+    record("end", event.event_id, pid, time.monotonic_ns())
