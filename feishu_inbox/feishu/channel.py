@@ -51,7 +51,7 @@ from ..errors import InboxError
 from . import frames, inbound, protocol
 from .fragments import Fragments, int_header
 from .frames import CONTROL, DATA, Frame, FrameError
-from .inbound import database_failure
+from .inbound import database_failure, unstorable
 from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.connection")
@@ -512,9 +512,7 @@ class Channel:
             ) from exc
         except IntegrityError as exc:  # a row check or a bug, not an outage: as the webhook
             log.exception("event %s (app %s): integrity error", envelope.event_id, self.app)
-            raise ProtocolError(
-                "unstorable_payload", "A row check of the ledger refused the event."
-            ) from exc
+            raise ProtocolError("unstorable_payload", unstorable(exc)) from exc
         except DatabaseError as exc:
             cause, words = database_failure(exc)
             log.error(

@@ -153,6 +153,26 @@ def _without_password(text: str) -> str:
     return _PASSWORD.sub(lambda m: f"{m[1]}***{m[2]}" if m[1] else f"{m[3]}***", text)
 
 
+def refused_by(exc: BaseException) -> str:
+    """What a row check refused, as the refusal names it: the column or constraint of an
+    ``IntegrityError`` (PostgreSQL's diagnostics; SQLite's "… constraint failed: …" words)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    if diag is not None and (diag.column_name or diag.constraint_name):
+        return str(diag.column_name or diag.constraint_name)
+    found = re.search(r"constraint failed: (.*)", str(exc))
+    if found is None:
+        return ""
+    what = found.group(1)
+    name = re.search(r'"(\w+)"', what) or re.search(r"\.(\w+)", what) or re.search(r"(\w+)", what)
+    return name.group(1) if name else ""
+
+
+def unstorable(exc: BaseException) -> str:
+    """The refusal's message for a delivery a row check refused, naming what it refused."""
+    what = refused_by(exc)
+    return "A row check of the ledger refused the event" + (f" ({what})." if what else ".")
+
+
 def database_failure(exc: BaseException) -> tuple[str, str]:
     """The cause of a database failure (a metrics label) and the database's own words: the
     first line of its message, no password in it (the rest quotes the statement)."""

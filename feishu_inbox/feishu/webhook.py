@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .. import telemetry
 from ..conf import InboxSettings, checked_settings
 from . import inbound, protocol
-from .inbound import database_failure
+from .inbound import database_failure, unstorable
 from .protocol import ProtocolError
 
 log = logging.getLogger("feishu_inbox.webhook")
@@ -75,12 +75,12 @@ class EventWebhook(View):
             )
             telemetry.DELIVERIES.labels(app, "webhook", "unstorable_payload").inc()
             return _error("unstorable_payload", "The event cannot be stored as JSON.", 400)
-        except IntegrityError:
+        except IntegrityError as exc:
             # Not an outage: a row check refused a value, or a bug (inbound.store answers a
             # duplicate lost to a race as a duplicate). Redelivery would fail the same way.
             log.exception("refused delivery (app %s, unstorable_payload): integrity error", app)
             telemetry.DELIVERIES.labels(app, "webhook", "unstorable_payload").inc()
-            return _error("unstorable_payload", "A row check of the ledger refused the event.", 400)
+            return _error("unstorable_payload", unstorable(exc), 400)
         except DatabaseError as exc:
             cause, words = database_failure(exc)
             log.error(

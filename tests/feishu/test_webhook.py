@@ -507,9 +507,35 @@ def test_an_integrity_error_is_400_with_its_traceback_not_503(
     monkeypatch.setattr(inbound, "store", refused)
     response = send(message_event())
     assert (response.status_code, response.json()["error"]) == (400, "unstorable_payload")
+    assert "(feishu_inbox_job_status_valid)" in response.json()["message"]  # what it refused
     record = next(r for r in caplog.records if "integrity error" in r.getMessage())
     assert record.exc_info is not None  # logged with its traceback
     assert nothing_stored()
+
+
+def test_a_row_checks_refusal_names_what_it_refused_on_either_database() -> None:
+    sqlite_words = {
+        'CHECK constraint failed: (JSON_VALID("payload") OR "payload" IS NULL)': "payload",
+        "NOT NULL constraint failed: feishu_inbox_eventjob.event_type": "event_type",
+        "CHECK constraint failed: feishu_inbox_job_status_valid": "feishu_inbox_job_status_valid",
+        "something else entirely": "",
+    }
+    for words, named in sqlite_words.items():
+        assert inbound.refused_by(IntegrityError(words)) == named, words
+
+    class Diag:
+        column_name = None
+        constraint_name = "feishu_inbox_job_attempt_check"
+
+    class PgError(Exception):
+        diag = Diag()
+
+    try:
+        raise IntegrityError("new row violates check constraint") from PgError()
+    except IntegrityError as exc:
+        assert inbound.unstorable(exc) == (
+            "A row check of the ledger refused the event (feishu_inbox_job_attempt_check)."
+        )
 
 
 def test_a_database_failure_is_told_in_its_own_words_without_its_password() -> None:
