@@ -5,14 +5,16 @@ Nothing here is a test: benchmarks print figures and ratios measured in one run.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
@@ -86,6 +88,21 @@ def median(values: list[float]) -> float:
 
 def reproduce() -> str:
     return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def each_backend(script: str, sqlite: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Run ``script`` again with this run's arguments once per database, PostgreSQL first
+    (SQLite too with ``sqlite``), each in a process of its own (``--backend``: one Django
+    set-up per process); yield each one's JSON answer, the last line it printed."""
+    argv = [a for a in sys.argv[1:] if a != "--sqlite"]
+    for backend in ["postgres"] + (["sqlite"] if sqlite else []):
+        out = subprocess.run(
+            [sys.executable, script, *argv, "--backend", backend],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        yield backend, json.loads(out.strip().splitlines()[-1])
 
 
 def machine_cpu_seconds() -> float:

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
-from _setup import django_setup, fresh_postgres, fresh_sqlite, median, reproduce, timed
+from _setup import (
+    django_setup,
+    each_backend,
+    fresh_postgres,
+    fresh_sqlite,
+    median,
+    reproduce,
+    timed,
+)
 
 
 def fill_backlog(n: int) -> None:
@@ -106,16 +112,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.backend is None:
         results = {}
-        for backend in ["postgres"] + (["sqlite"] if args.sqlite else []):
-            argv = [a for a in sys.argv[1:] if a != "--sqlite"]
-            out = subprocess.run(
-                [sys.executable, __file__, *argv, "--backend", backend],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            results[backend] = json.loads(out)
-            r = results[backend]
+        for backend, r in each_backend(__file__, args.sqlite):
+            results[backend] = r
             print(
                 f"{backend}: claim+finish {r['small_us']:.0f} us/job with {args.small:,} "
                 f"waiting behind a blocked chat, {r['large_us']:.0f} us/job with "

@@ -25,6 +25,7 @@ from pathlib import Path
 from _setup import (
     ROOT,
     django_setup,
+    each_backend,
     fresh_postgres,
     fresh_sqlite,
     median,
@@ -202,15 +203,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.backend is None:
         results = {}
-        for backend in ["postgres"] + (["sqlite"] if args.sqlite else []):
-            argv = [a for a in sys.argv[1:] if a != "--sqlite"]
-            out = subprocess.run(
-                [sys.executable, __file__, *argv, "--backend", backend],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            r = results[backend] = json.loads(out)
+        for backend, r in each_backend(__file__, args.sqlite):
+            results[backend] = r
             print(
                 f"{backend}: claim+finish {r['none'] * 1e6:.0f} us/job with no job waiting, "
                 f"{r['waiting'] * 1e6:.0f} us/job with {args.waiting:,} waiting: ratio "
