@@ -80,7 +80,7 @@ ENABLED = prometheus_client is not None
 # --- the worker ---------------------------------------------------------------------------------
 
 #: outcome: completed, failed, unknown, retried, superseded, cancelled, timed_out, deferred
-#: (handed back to wait for a limit or a pause), lease_lost.
+#: (handed back to wait for a limit or a pause), waiting (a durable wait began), lease_lost.
 JOBS_FINISHED = _counter(
     "feishu_inbox_jobs_finished",
     "Attempts ended by this process, by event type (or task) and outcome.",

@@ -152,3 +152,46 @@ def test_operator_cancels_a_running_job_from_its_page(
     assert "Cancelled" in page.inner_text("#content-main")
     page.screenshot(path=str(shots / "cancelled.png"), full_page=True)
     assert not workers.lines("effect", "runaway")
+
+
+def test_operator_resumes_a_waiting_job_from_its_page(
+    live_server: Any, browser_page: Any, workers: Workers
+) -> None:
+    """A real worker's job waits for a signal that never comes; the operator sees what it waits
+    for on its page, resumes it by hand, and the worker runs it to the end."""
+    shots = ROOT / "artifacts" / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    waiting = enqueue("stuck-approval", ["step:before", "wait:approval:42", "effect"])
+    workers.start()
+    wait_for(lambda: EventJob.objects.get(pk=waiting).status == "waiting", 30, "the job to wait")
+    user = User.objects.create_user("oncall", password="s3cret-pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="feishu_inbox",
+            codename__in=["view_eventjob", "cancel_eventjob", "signal_wait"],
+        )
+    )
+    page = browser_page.new_page()
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/feishu_inbox/eventjob/{waiting}/change/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector('[data-action="resume_waiting"]')
+    assert "signal 'approval:42' (wait:1): open" in page.inner_text("#content-main")
+    buttons = page.locator(".fi-job-action button")
+    assert sorted(buttons.nth(i).get_attribute("data-action") for i in range(buttons.count())) == [
+        "cancel_jobs",
+        "resume_waiting",
+        "time_out_waiting",
+    ]
+    page.screenshot(path=str(shots / "waiting.png"), full_page=True)
+    page.click('[data-action="resume_waiting"]')
+    page.wait_for_selector(".fi-confirm")
+    page.click(".fi-confirm input[type=submit]")
+    page.wait_for_url(f"**/eventjob/{waiting}/change/")
+    wait_for(lambda: EventJob.objects.get(pk=waiting).status == "completed", 30, "the job to end")
+    page.reload()
+    assert "signal 'approval:42' (wait:1): delivered" in page.inner_text("#content-main")
+    assert [line[1:3] for line in workers.lines("waited")] == [["stuck-approval", "null"]]
+    assert len(workers.lines("ran", "stuck-approval")) == 1  # the step before: once
+    assert len(workers.lines("effect", "stuck-approval")) == 1
