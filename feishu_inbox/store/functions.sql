@@ -226,7 +226,10 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim: as in 0013_priority.sql (migration 0013_priority).
+-- feishu_inbox_claim: as in 0033_claim_by_id.sql (migration 0033_claim_by_id).
+--
+-- (0033:) its jobs are updated by primary key (a scalar subquery, an array), never through
+-- a join the status index may serve (see 0033_claim_by_id.sql).
 --
 -- (0007:) feishu_inbox_claim clears cancel_requested.
 -- (0012:) a worker claims one job at a time (a finish claims its slot's next one), so LIMIT 1
@@ -270,8 +273,7 @@ BEGIN
             worker_id = p_worker, lease_token = p_token,
             lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
             error_type = '', error_message = '', cancel_requested = FALSE
-        FROM picked
-        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        WHERE {job}.id = (SELECT head_id FROM picked) AND {job}.status IN {claimable}
         RETURNING {job}.*;
     ELSIF p_limit > 1 THEN
         RETURN QUERY
@@ -288,8 +290,8 @@ BEGIN
             worker_id = p_worker, lease_token = p_token,
             lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
             error_type = '', error_message = '', cancel_requested = FALSE
-        FROM picked
-        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        WHERE {job}.id = ANY (ARRAY(SELECT head_id FROM picked))
+          AND {job}.status IN {claimable}
         RETURNING {job}.*;
     END IF;
 END
@@ -297,8 +299,8 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim_prefixed: as in 0024_excluded_queues.sql (migration
--- 0024_excluded_queues).
+-- feishu_inbox_claim_prefixed: as in 0033_claim_by_id.sql (migration 0033_claim_by_id).
+-- (0033:) its jobs updated by primary key, as feishu_inbox_claim's.
 --
 -- (0010:) a claim for a worker that runs some queues of django.tasks tasks only
 -- (``runworker --queue``; feishu_inbox/tasks/). A task's partition key starts with its queue
@@ -339,8 +341,7 @@ BEGIN
             worker_id = p_worker, lease_token = p_token,
             lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
             error_type = '', error_message = '', cancel_requested = FALSE
-        FROM picked
-        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        WHERE {job}.id = (SELECT head_id FROM picked) AND {job}.status IN {claimable}
         RETURNING {job}.*;
     ELSIF p_limit > 1 THEN
         RETURN QUERY
@@ -361,8 +362,8 @@ BEGIN
             worker_id = p_worker, lease_token = p_token,
             lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
             error_type = '', error_message = '', cancel_requested = FALSE
-        FROM picked
-        WHERE {job}.id = picked.head_id AND {job}.status IN {claimable}
+        WHERE {job}.id = ANY (ARRAY(SELECT head_id FROM picked))
+          AND {job}.status IN {claimable}
         RETURNING {job}.*;
     END IF;
 END

@@ -335,3 +335,38 @@ def test_the_lease_expiry_scan_reads_only_the_running_jobs() -> None:
         plan = "\n".join(row[0] for row in cur.fetchall())
     assert "feishu_inbox_job_status" in plan and "Seq Scan" not in plan, plan
     assert "Sort" not in plan, plan
+
+
+@pytest.mark.usefixtures("_no_autovacuum")
+@pytest.mark.parametrize("function", list(CLAIMS))
+def test_a_claim_finds_its_jobs_by_id_when_most_jobs_are_not_claimable(function: str) -> None:
+    """100,000 jobs that wait (SPEC §9e) and 100,000 completed ones, analysed while no job was
+    queued (a quiet hour); then 1,000 chats of three queued jobs arrive. The statistics say
+    queued jobs are rare, so the status index looks selective: before migration 0033 the
+    claim's update of its jobs was a join the planner served from that index, reading every
+    queued job per claim (bench/waits.py: 1.4 to 1.8 times the cost). It must find its jobs by
+    primary key."""
+    rows = (
+        f"INSERT INTO {JOB_TABLE} ({_COLUMNS}) SELECT 'default', 'e' || g, 't', 'e' || g, "
+        "CASE WHEN %(queued)s THEN 'chat-' || (g %% %(chats)s) ELSE 'w-' || g END, "
+        "FALSE, '{}'::jsonb, CASE WHEN %(queued)s THEN 'queued' "
+        "WHEN g %% 2 = 0 THEN 'waiting' ELSE 'completed' END, "
+        "0, now(), now(), '', '', 0, FALSE, FALSE, FALSE, FALSE, '', '', '' "
+        "FROM generate_series(%(first)s, %(last)s) g"
+    )
+    with connection.cursor() as cur:
+        cur.execute(rows, {"chats": CHATS, "queued": False, "first": 1, "last": 200_000})
+        cur.execute("ANALYZE")
+        last = 200_000 + 3 * CHATS
+        cur.execute(rows, {"chats": CHATS, "queued": True, "first": 200_001, "last": last})
+        cur.execute(
+            f"INSERT INTO {PARTITION_TABLE} (key, head_id, head_state, head_due_at) "
+            "SELECT DISTINCT ON (partition_key) partition_key, id, status, available_at "
+            f"FROM {JOB_TABLE} WHERE status = 'queued' ORDER BY partition_key, id"
+        )
+        cur.execute(f"ANALYZE {PARTITION_TABLE}")
+    connection.close()
+    claims, _, _ = _claim_and_finish_seven_times(function)
+    for claim in (claims[0], claims[-1]):  # a custom plan, and the cached one
+        assert "feishu_inbox_job_status" not in claim, claim
+        assert "Index Scan using feishu_inbox_eventjob_pkey" in claim, claim
