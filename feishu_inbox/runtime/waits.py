@@ -41,10 +41,10 @@ from . import context, handlers, writes
 if TYPE_CHECKING:
     from ..ledger.waits import Sent
 
-#: Wait states, and the longest key and name (``ledger/waits.py``, which this module imports
+#: Wait states, and the longest name (``ledger/waits.py``, which this module imports
 #: only when a wait runs: ``feishu_inbox`` loads before Django's models).
 OPEN, DELIVERED, TIMED_OUT = "open", "delivered", "timed_out"
-KEY_LIMIT, NAME_LIMIT = 255, 128
+NAME_LIMIT = 128
 
 
 def signal(key: str, payload: Any = None, *, keep: bool | float | timedelta = True) -> Sent:
@@ -95,11 +95,9 @@ def wait_for(
     """Wait for the signal ``key`` (``feishu_inbox.signal``) and return its payload; raise
     ``WaitTimedOut`` once ``timeout`` (a timedelta or seconds; None: never) passes first. A
     signal sent before the wait began and kept for it is returned at once."""
-    if not isinstance(key, str) or not key or len(key) > KEY_LIMIT:
-        raise LedgerError(
-            f"A signal's key must be a string of 1 to {KEY_LIMIT} characters (got {key!r:.80}).",
-            fix="Name what the job waits for, e.g. f'payment:{order.id}'.",
-        )
+    from ..ledger.waits import check_key
+
+    check_key(key)
     seconds = None if timeout is None else as_seconds(timeout, "timeout")
     return in_handler(lambda: _wait(key=key, seconds=seconds, name=name, hold_chat=hold_chat))
 
