@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .errors import (
     Cancelled,
+    ChildFailed,
     LeaseLost,
     NoWaiter,
     QuestionExpired,
@@ -11,6 +12,7 @@ from .errors import (
     TimedOut,
     WaitRefused,
     WaitTimedOut,
+    WorkflowRefused,
 )
 from .feishu.asks import Answer, ask
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
@@ -24,15 +26,33 @@ from .runtime.registry import handler
 from .runtime.steps import step
 from .runtime.waits import signal, sleep, sleep_until, wait_for
 from .schedules import schedule
+from .workflows import (
+    BatchHandle,
+    Child,
+    JobSpec,
+    batch,
+    chain,
+    job,
+    outcomes,
+    spawn,
+    spawn_jobs,
+    spawn_many,
+    wait_all,
+    wait_any,
+)
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Answer",
+    "BatchHandle",
     "Cancelled",
     "CardAction",
+    "Child",
+    "ChildFailed",
     "Event",
     "EventKeys",
+    "JobSpec",
     "LeaseLost",
     "NoWaiter",
     "QuestionExpired",
@@ -44,21 +64,31 @@ __all__ = [
     "TimedOut",
     "WaitRefused",
     "WaitTimedOut",
+    "WorkflowRefused",
     "ask",
+    "batch",
     "card_callback",
+    "chain",
     "checkpoint",
     "client",
     "effect",
     "event_keys",
     "handler",
+    "job",
+    "outcomes",
     "reply",
     "schedule",
     "send",
     "signal",
     "sleep",
     "sleep_until",
+    "spawn",
+    "spawn_jobs",
+    "spawn_many",
     "step",
     "stream_reply",
     "stream_send",
+    "wait_all",
+    "wait_any",
     "wait_for",
 ]

@@ -22,6 +22,9 @@ class FeishuInboxConfig(AppConfig):
         # The kinds of job (ledger/kinds.py): each capability's, before any handler module.
         for kind in (kinds.FEISHU_EVENTS, kinds.SCHEDULE_OCCURRENCES, TASK_KIND):
             kinds.register(kind)
+        from .workflows import ready as workflows_ready
+
+        workflows_ready()  # the ledger enqueues workflows' jobs (children, callbacks, links)
         from .runtime.registry import load_modules
         from .schedules import load_settings as load_schedules
 

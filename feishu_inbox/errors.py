@@ -133,6 +133,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Send it with keep=True (the default) to keep it for the job that will wait, or check "
         "the key.",
     ),
+    "workflow_refused": (
+        "A workflow call would break a promise: a child awaited by another wait still open, "
+        "a member added to a closed batch, a job spec that names no handler or task, a spawn "
+        "in a cancelled job. Nothing changed.",
+        "Do what the message says: wait for each child once, add members before close(), "
+        "spawn a registered event type or a @task function.",
+    ),
+    "child_failed": (
+        "A child or batch member did not complete (it failed, was cancelled or discarded), "
+        "and its result was asked for (Outcome.value).",
+        "Look at Outcome.ok before Outcome.value, or catch feishu_inbox.ChildFailed; the "
+        "child's own job says why it failed.",
+    ),
     "lease_lost": (
         "The worker no longer holds the job: its lease expired or another worker took it.",
         "Stop working on it; lease expiry recovers it. If this happens often, raise LEASE_SECONDS.",
@@ -362,6 +375,20 @@ class NoWaiter(LedgerError):
     """``signal(key, keep=False)`` found no job waiting for ``key``; nothing changed."""
 
     code = "no_waiter"
+
+
+class WorkflowRefused(LedgerError):
+    """A spawn, wait for children, batch or chain that would break a promise (SPEC §9f):
+    nothing changed."""
+
+    code = "workflow_refused"
+    final = True
+
+
+class ChildFailed(LedgerError):
+    """``Outcome.value`` of a child or member that did not complete: its state and error."""
+
+    code = "child_failed"
 
 
 class LeaseLost(LedgerError):

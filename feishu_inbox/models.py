@@ -18,6 +18,16 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+# The flow-control tables live in ``flow.py`` (this module is full); their names stay here.
+from .tables.flow import (  # noqa: F401
+    ConcurrencyKey,
+    ConcurrencySlot,
+    ConcurrencyWaiter,
+    Pause,
+    PauseKind,
+    RateBucket,
+)
+
 
 class Status(models.TextChoices):
     QUEUED = "queued", "queued"
@@ -115,6 +125,11 @@ class EventJob(models.Model):
     #: The trace context of whoever stored it (a W3C ``traceparent``; "" when nothing traced
     #: the enqueue): every attempt's span is its child (``tracing.py``).
     trace_parent = models.CharField(max_length=55, blank=True, default="", db_default="")
+    #: Workflows (SPEC §9f): the job that spawned it, and the batch it counts in (a batch's,
+    #: a chain link's, or a parent's wait for its children: ``batches.Batch``). Plain ids, no
+    #: foreign keys: the hot path never checks them, and purging a parent leaves its children.
+    parent_id = models.BigIntegerField(null=True, blank=True)
+    batch_id = models.BigIntegerField(null=True, blank=True)
 
     error_type = models.CharField(max_length=128, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
@@ -181,6 +196,18 @@ class EventJob(models.Model):
             ),
             # Admin date hierarchy (bucket probes) and "newest first" by arrival.
             models.Index(fields=["received_at"], name="feishu_inbox_job_received"),
+            # A workflow's tree (children of a parent) and a batch's members: only the jobs
+            # that have one are in them.
+            models.Index(
+                fields=["parent_id", "id"],
+                name="feishu_inbox_job_parent",
+                condition=Q(parent_id__isnull=False),
+            ),
+            models.Index(
+                fields=["batch_id", "id"],
+                name="feishu_inbox_job_batch",
+                condition=Q(batch_id__isnull=False),
+            ),
         ]
         permissions = [
             ("requeue_eventjob", "Can requeue failed event jobs"),
@@ -463,101 +490,6 @@ class FeishuConnection(models.Model):
         return f"{self.app} on {self.host}:{self.pid} ({self.state})"
 
 
-class RateBucket(models.Model):
-    """One rate limit's token bucket (``ledger/limits.py``), shared by every worker: ``tokens``
-    as of ``updated_at``, refilled at ``rate`` per second up to ``burst``; nothing is taken
-    before ``blocked_until`` (Feishu answered 429 and named its reset time)."""
-
-    key = models.CharField(max_length=255, primary_key=True)
-    tokens = models.FloatField()
-    rate = models.FloatField(help_text="Tokens per second.")
-    burst = models.FloatField()
-    updated_at = models.DateTimeField()
-    blocked_until = models.DateTimeField(null=True, blank=True)
-    #: Tokens taken, and times a caller found none (since the row was created).
-    taken = models.BigIntegerField(default=0)
-    refused = models.BigIntegerField(default=0)
-
-    class Meta:
-        ordering = ["key"]
-
-    def __str__(self) -> str:
-        return f"rate limit {self.key} ({self.rate:g}/s, burst {self.burst:g})"
-
-
-class ConcurrencySlot(models.Model):
-    """A running job holding one of a concurrency key's N slots (``ledger/concurrency.py``).
-    It counts while its job is running under the same lease token and its lease lasts, so a
-    slot of a crashed worker frees itself when the lease ends."""
-
-    key = models.CharField(max_length=255)
-    job_id = models.BigIntegerField()
-    lease_token = models.CharField(max_length=64)
-    acquired_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["key", "job_id"], name="one_slot_per_job_and_key")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.key}: job #{self.job_id}"
-
-
-class ConcurrencyKey(models.Model):
-    """One row per concurrency key: what acquirers of the key lock, one at a time."""
-
-    key = models.CharField(max_length=255, primary_key=True)
-    limit = models.IntegerField()
-
-    def __str__(self) -> str:
-        return f"{self.key} (at most {self.limit} running)"
-
-
-class ConcurrencyWaiter(models.Model):
-    """A job parked until a slot of its concurrency key is given back (``ledger/concurrency.py``):
-    the job that gives one back makes the oldest waiters due at once, instead of every waiter
-    trying again every half second."""
-
-    key = models.CharField(max_length=255)
-    job_id = models.BigIntegerField()
-    parked_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["key", "job_id"], name="one_wait_per_job_and_key")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.key}: job #{self.job_id} waits"
-
-
-class PauseKind(models.TextChoices):
-    PARTITION = "partition", "partition (a chat)"
-    APP = "app", "Feishu app"
-    EVENT_TYPE = "event_type", "event type"
-    QUEUE = "queue", "django.tasks queue"
-
-
-class Pause(models.Model):
-    """An operator's pause (``ledger/pauses.py``): jobs it matches are not claimed until it is
-    resumed; running ones finish; later jobs of a held partition wait behind its head."""
-
-    kind = models.CharField(max_length=16, choices=PauseKind.choices)
-    value = models.CharField(max_length=255)
-    since = models.DateTimeField()
-    by = models.CharField(max_length=150, blank=True, default="")
-    reason = models.TextField(blank=True, default="")
-
-    class Meta:
-        ordering = ["-since"]
-        constraints = [models.UniqueConstraint(fields=["kind", "value"], name="one_pause_each")]
-        permissions = [("pause_work", "Can pause work"), ("resume_work", "Can resume work")]
-
-    def __str__(self) -> str:
-        return f"paused {self.get_kind_display()} {self.value}"
-
-
 class WorkerBeat(models.Model):
     """A worker process's heartbeat (``ledger/workers.py``): written when it starts, every
     ``WORKER_BEAT_SECONDS`` while it runs, and when it stops. A worker whose beat is older than
@@ -598,3 +530,4 @@ class WorkerBeat(models.Model):
 
 
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
+from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)

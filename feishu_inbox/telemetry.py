@@ -120,6 +120,17 @@ EFFECTS = _counter("feishu_inbox_effects", "Effects, by how they went.", ("resul
 #: event: suspended (a job started to wait), signalled (a signal resumed one), kept (a signal
 #: nobody waited for yet, kept), timed_out (a wait's time came), by_operator.
 WAITS = _counter("feishu_inbox_waits", "Waits of jobs, by what happened to them.", ("event",))
+#: Workflows (SPEC §9f): children spawned; batches (a batch, a parent's wait for its
+#: children, a chain) opened, fired, stopped; callbacks enqueued by batches that fired.
+WORKFLOW_CHILDREN = _counter("feishu_inbox_children_spawned", "Child jobs spawned by parents.")
+BATCHES = _counter(
+    "feishu_inbox_batches",
+    "Batches by kind (batch, children, chain) and event (opened, fired, stopped).",
+    ("kind", "event"),
+)
+BATCH_CALLBACKS = _counter(
+    "feishu_inbox_batch_callbacks", "Callback jobs enqueued by batches that fired (once each)."
+)
 #: How long a resumed job waited, from its wait's start to the resumed handler reading it.
 WAITED_SECONDS = _histogram(
     "feishu_inbox_waited_seconds",

@@ -47,6 +47,14 @@ def _class_and_text(error: BaseException) -> tuple[str, str]:
     return type(error).__name__, error.described() if isinstance(error, InboxError) else str(error)
 
 
+#: Workflows (SPEC §9f): the event id of a job a workflow enqueued for a handler (a child, a
+#: batch member, a callback, a chain link), and the step its handler's return value is
+#: memoized as (its result, which a parent or a chain reads). Other handlers' return values
+#: are not stored.
+WORKFLOW_EVENT_PREFIX = "wf:"
+RESULT_STEP = "feishu_inbox:result"
+
+
 @dataclass(frozen=True)
 class JobKind:
     """One kind of job: its jobs' event types start with ``prefix`` ("": the catch-all)."""

@@ -20,7 +20,7 @@ from ..errors import (
     NotRequeueable,
     UnknownStep,
 )
-from ..models import Resolution, Status
+from ..models import EventJob, Resolution, Status
 from ..store import store
 
 #: What to do instead, when an action meets a job of another state.
@@ -137,8 +137,32 @@ def cancel(job_ids: Iterable[int]) -> Outcome:
     """``queued``/``retry_wait``/``waiting`` → ``completed`` (``Cancelled``) at once (a waiting
     job's open wait closes: no signal is spent on it); a ``running`` job is
     asked to stop (``Outcome.pending``): its handler stops at its next checkpoint or effect
-    with ``Cancelled``, and it ends ``completed`` (``unknown`` if an effect is uncertain)."""
-    return CANCEL.apply(job_ids)
+    with ``Cancelled``, and it ends ``completed`` (``unknown`` if an effect is uncertain).
+
+    A cancelled parent's unfinished children are cancelled too, and theirs (SPEC §9f): they
+    are in ``Outcome.done`` / ``pending`` beside it. A child spawned meanwhile is refused
+    (its parent's row is locked by both), so none escapes."""
+    outcome = CANCEL.apply(job_ids)
+    seen = set(outcome.done) | set(outcome.pending)
+    level = list(seen)
+    while level:
+        below = [c for c in _unfinished_children(level) if c not in seen]
+        seen.update(below)
+        more = CANCEL.apply(below)
+        outcome.done += more.done
+        outcome.pending += more.pending
+        level = below
+    return outcome
+
+
+def _unfinished_children(job_ids: list[int]) -> list[int]:
+    """The children of these jobs that have not ended (completed or failed)."""
+    return list(
+        EventJob.objects.filter(parent_id__in=job_ids)
+        .exclude(status__in=(Status.COMPLETED, Status.FAILED))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
 
 
 def replay(job_ids: Iterable[int], *, from_step: str | None = None) -> Outcome:

@@ -42,7 +42,7 @@ from ..errors import (
 from ..models import EventJob
 from ..store import EVERY_KEY, KeyFilter, Row, store
 from ..store.base import aware
-from . import pauses, waits
+from . import pauses, waits, wakeups
 from .fencing import lease_lost as _lease_lost
 from .fencing import why_not_held as _why_not_held
 from .idempotency import Idempotent, window_params, window_passed
@@ -238,7 +238,21 @@ def _maybe_sweep() -> bool:
     _last_sweep[0] = time.monotonic()
     expire_leases()
     waits.time_out_due()
+    fire_batches()
     return True
+
+
+def fire_batches() -> int:
+    """Fold the batches' member events and fire what is done (SPEC §9f): at once when
+    PostgreSQL said a member ended, and at every sweep (SQLite's only way; PostgreSQL's net
+    under a lost notice or a crash before a fold committed)."""
+    from . import workflows
+
+    wakeups.batches_due.clear()
+    folded = 0
+    while (done := workflows.fire_ready()) >= workflows.FOLD_LIMIT:
+        folded += done
+    return folded + done
 
 
 def _lease_seconds(lease_seconds: float | None) -> float:
@@ -271,9 +285,11 @@ def claim(
     if limit < 1:
         return []
     swept = _maybe_sweep()
+    if not swept and wakeups.batches_due.is_set():
+        fire_batches()
     token = token or new_token()
     rows = store().claim(worker_id, token, seconds, limit, keys)
-    if not rows and not swept and (expire_leases() + waits.time_out_due()):
+    if not rows and not swept and (expire_leases() + waits.time_out_due() + fire_batches()):
         rows = store().claim(worker_id, token, seconds, limit, keys)
     return _claimed(rows, worker_id, token)
 

@@ -50,6 +50,8 @@ class WaitMemo:
     until: datetime | None
     #: Seconds from the wait's start to its resolution (None while open).
     waited: float | None = None
+    #: Its row's id (a batch of children delivers it by id: SPEC §9f).
+    wait_id: int = 0
 
     @classmethod
     def from_row(cls, name: str, row: Row) -> WaitMemo:
@@ -58,7 +60,15 @@ class WaitMemo:
             payload = json.loads(payload)
         created, resolved = aware(row["created_at"]), aware(row["resolved_at"])
         waited = None if resolved is None else (resolved - created).total_seconds()
-        return cls(name, row["key"], row["state"], payload, aware(row["until"]), waited)
+        return cls(
+            name, row["key"], row["state"], payload, aware(row["until"]), waited, int(row["id"])
+        )
+
+
+def memo_of(job_id: int, name: str) -> WaitMemo | None:
+    """The job's wait ``name`` as recorded now (None: it never waited so)."""
+    row = store().job_wait(job_id, name)
+    return None if row is None else WaitMemo.from_row(name, row)
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,12 @@ def time_out_due(limit: int = 100) -> int:
     if resolved:
         telemetry.WAITS.labels("timed_out").inc(resolved)
     return resolved
+
+
+def deliver(wait_id: int, payload: Any) -> bool:
+    """Deliver ``payload`` to the open wait ``wait_id`` (a batch of children did: SPEC §9f),
+    in the caller's transaction; False when it was resolved already (timed out, cancelled)."""
+    return store().resolve_wait(wait_id, state=DELIVERED, payload=payload_text(payload))
 
 
 def purge_expired_signals() -> int:

@@ -11,15 +11,21 @@ import threading
 from collections.abc import Callable
 
 from ..store import store
-from ..store.schema import SCHEDULES_NOTICE, STOPPING_NOTICE
+from ..store.schema import BATCHES_NOTICE, SCHEDULES_NOTICE, STOPPING_NOTICE
 
 __all__ = [
+    "BATCHES_NOTICE",
     "SCHEDULES_NOTICE",
     "STOPPING_NOTICE",
     "concurrent_writers",
     "listen",
     "notify_stopping",
 ]
+
+
+#: Set when PostgreSQL said a batch member ended (``BATCHES_NOTICE``): the next claim of this
+#: process folds the batches' events first (``workflows.fire_ready``).
+batches_due = threading.Event()
 
 
 def listen(

@@ -68,6 +68,10 @@ class Listener:
         if partition_key == wakeups.SCHEDULES_NOTICE:
             flags.schedules_changed.set()
             return
+        if partition_key == wakeups.BATCHES_NOTICE:
+            wakeups.batches_due.set()  # a member ended: fire what is done (SPEC §9f)
+            flags.wake.set()
+            return
         flags.wake.set()
         held = self._crew.slots.held()
         if any(ctx.event.partition_key.startswith(partition_key) for ctx in held):

@@ -106,6 +106,8 @@ class JobContext:
     unstepped_effect: bool = False
     #: The waits this attempt reached, in order (their default names: wait:1, wait:2, …).
     waits_run: list[str] = field(default_factory=list)
+    #: Spawns of this attempt without a key, numbered in order (``spawn:1``…, SPEC §9f).
+    spawned: int = 0
     #: The idempotent effects this attempt began (one key per name).
     idempotent_names: set[str] = field(default_factory=set)
     #: The worker is writing the attempt's end (finish, fail, hand back): a renewal refused

@@ -20,7 +20,8 @@ from .. import telemetry, tracing
 from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, Suspended
 from ..ledger import pauses
 from ..ledger import rules as ledger
-from . import attempts, context, handlers, registry, writes
+from ..ledger.kinds import RESULT_STEP, WORKFLOW_EVENT_PREFIX
+from . import attempts, context, handlers, registry, steps, writes
 from . import limits as rate_limits
 from .batching import Ended
 from .claimer import Claimed, Claimer
@@ -222,6 +223,7 @@ class Executor:
             if own_limits:
                 rate_limits.acquire(own_limits)
             ctx.handler_started = True
+            returned: list[Any] = []
             if handlers.is_async(fn):
                 traced = tracing.captured()  # the job's span, on the loop's thread too
 
@@ -229,14 +231,24 @@ class Executor:
                     context.enter(ctx)
                     try:
                         with tracing.attached(traced):
-                            return await fn(ctx.event)
+                            returned.append(await fn(ctx.event))
+                            return returned[-1]
                     except (KeyboardInterrupt, SystemExit) as exc:
                         # Raised in the event loop they would stop it for every async handler.
                         raise _HandlerExit(exc) from exc
 
                 self.async_runner.run(call, ctx)
             else:
-                fn(ctx.event)
+                returned.append(fn(ctx.event))
+            value = returned[0] if returned else None
+            # A workflow's job: its parent, batch or chain reads its result (SPEC §9f); the
+            # result an earlier attempt recorded stays.
+            if (
+                value is not None
+                and event.event_id.startswith(WORKFLOW_EVENT_PREFIX)
+                and not steps.memoized(ctx, RESULT_STEP)[0]
+            ):
+                steps.record(ctx, RESULT_STEP, value, 0.0)
         except Deferred as wait:
             return attempts.defer(ctx, wait), None
         except Suspended as waiting:

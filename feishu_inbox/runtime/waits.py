@@ -186,6 +186,17 @@ def open_wait(
     return name, memo
 
 
+def reopen_wait(name: str) -> tuple[str, Any]:
+    """The running job's wait ``name`` read again (it was resolved since ``open_wait``)."""
+    from ..ledger import waits as ledger_waits
+
+    ctx = context.current()
+    memo = writes.write(
+        ctx, "read the wait of", lambda _: ledger_waits.memo_of(ctx.event.job_id, name)
+    )
+    return name, memo
+
+
 def _record(
     ctx: context.JobContext,
     name: str,

@@ -340,6 +340,7 @@ class SqlStore(WaitStore):
                 self.execute("move_steps", moved)
                 self.execute("move_waits", moved)
                 self.execute("move_card_streams", moved)
+                self.execute("move_children", moved)
                 job_id = new_id
             self._forget_steps(job_id, from_step)
             replayed = self.row("replay", {"job_id": job_id, "resolution": resolution})

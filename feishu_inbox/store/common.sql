@@ -366,6 +366,11 @@ RETURNING id
 -- The streamed replies of jobs about to be deleted (retention).
 DELETE FROM {card_stream} WHERE job_id IN {job_ids}
 
+-- move_children --
+-- A replayed parent's children follow it to its new id: its tree keeps every generation
+-- (SPEC §9f; its earlier batches keep the old id, as history).
+UPDATE {job} SET parent_id = %(new_id)s WHERE parent_id = %(job_id)s
+
 -- move_card_streams --
 -- A replayed job's streamed replies follow it to its new id (as history: a new generation
 -- streams into a new card).

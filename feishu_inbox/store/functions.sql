@@ -648,3 +648,29 @@ CREATE TRIGGER feishu_inbox_job_check BEFORE INSERT OR UPDATE ON {job}
     FOR EACH ROW EXECUTE FUNCTION feishu_inbox_job_check();
 CREATE TRIGGER feishu_inbox_partition_check BEFORE INSERT OR UPDATE ON {partition}
     FOR EACH ROW EXECUTE FUNCTION feishu_inbox_partition_check();
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_member_moved: as in 0034_workflows.sql (migration 0034_workflows).
+--
+-- A member of a batch (a job whose batch_id is set) that moves into an ended state (completed,
+-- failed) or out of one writes a batch event in its own transaction, and tells the workers
+-- (NOTIFY, delivered at its commit). The workers fold the events into their batches and fire
+-- the batches that are done (ledger/workflows.py). An insert, not the batch's count: two
+-- batched finishes updating several batches' rows in opposite orders would deadlock.
+
+CREATE OR REPLACE FUNCTION feishu_inbox_member_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {batch_event} (batch_id, delta)
+    VALUES (NEW.batch_id,
+            CASE WHEN NEW.status IN ('{completed}', '{failed}') THEN -1 ELSE 1 END);
+    PERFORM pg_notify('{channel}', '{batches_notice}');
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER feishu_inbox_member_moved AFTER UPDATE OF status ON {job}
+    FOR EACH ROW
+    WHEN (NEW.batch_id IS NOT NULL
+          AND (OLD.status IN ('{completed}', '{failed}'))
+              <> (NEW.status IN ('{completed}', '{failed}')))
+    EXECUTE FUNCTION feishu_inbox_member_moved();

@@ -66,3 +66,25 @@ class RemoveConstraintOffPostgres(OffPostgres, migrations.RemoveConstraint):
 
 class AddConstraintOffPostgres(OffPostgres, migrations.AddConstraint):
     pass
+
+
+class RunSQLiteSQL(migrations.RunSQL):
+    """SQL for SQLite only (rendered with ``schema.SQL_NAMES``), each statement whole: a
+    trigger's body keeps its semicolons. PostgreSQL gets the same from a function file."""
+
+    def __init__(self, sql: list[str], *, reverse_sql: list[str]) -> None:
+        from .queries import render
+
+        self.raw_sql, self.raw_reverse = sql, reverse_sql
+        super().__init__(sql=[render(s) for s in sql], reverse_sql=[render(s) for s in reverse_sql])
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return (self.__class__.__qualname__, [self.raw_sql], {"reverse_sql": self.raw_reverse})
+
+    def database_forwards(self, app_label: str, schema_editor: Any, *args: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            super().database_forwards(app_label, schema_editor, *args)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, *args: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            super().database_backwards(app_label, schema_editor, *args)

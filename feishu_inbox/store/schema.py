@@ -19,6 +19,7 @@ from ..models import (
     Status,
     Step,
 )
+from ..tables.batches import Batch, BatchEvent
 from ..waiting import Signal, Wait
 
 JOB_TABLE = EventJob._meta.db_table
@@ -31,6 +32,8 @@ RATE_BUCKET_TABLE = RateBucket._meta.db_table
 SCHEDULE_TABLE = Schedule._meta.db_table
 WAIT_TABLE = Wait._meta.db_table
 SIGNAL_TABLE = Signal._meta.db_table
+BATCH_TABLE = Batch._meta.db_table
+BATCH_EVENT_TABLE = BatchEvent._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
 #: The NOTIFY payload saying a schedule was paused or resumed: workers look at their schedules
@@ -40,6 +43,9 @@ SCHEDULES_NOTICE = "feishu_inbox.schedules"
 #: The NOTIFY payload a stopping worker sends so that its own listener wakes and ends at once
 #: (other workers ignore it).
 STOPPING_NOTICE = "feishu_inbox.stopping"
+#: The NOTIFY payload of a batch member that ended (a row trigger sends it, SPEC §9f), or of a
+#: batch closed: workers fold the batches' events and fire what is done at once.
+BATCHES_NOTICE = "feishu_inbox.batches"
 
 QUEUED = Status.QUEUED.value
 RUNNING = Status.RUNNING.value
@@ -143,6 +149,9 @@ SQL_NAMES: dict[str, str] = {
     "schedule": SCHEDULE_TABLE,
     "wait": WAIT_TABLE,
     "signal": SIGNAL_TABLE,
+    "batch": BATCH_TABLE,
+    "batch_event": BATCH_EVENT_TABLE,
+    "batches_notice": BATCHES_NOTICE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)
     "queued": QUEUED,

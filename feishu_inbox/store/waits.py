@@ -212,6 +212,9 @@ class WaitStore:
     def open_wait_of_job(self, job_id: int) -> Row | None:
         return self.row("open_wait_of_job", {"job_id": job_id})
 
+    def job_wait(self, job_id: int, name: str) -> Row | None:
+        return self.row("job_wait", {"job_id": job_id, "name": name})
+
     def waits_of_jobs(self, job_ids: list[int]) -> dict[int, Row]:
         if not job_ids:
             return {}

@@ -75,6 +75,11 @@ class LedgerBackend(_BaseTaskBackend):
             )
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        return self.store_task(task, args, kwargs)[0]
+
+    def store_task(self, task: Any, args: Any, kwargs: Any) -> tuple[Any, int]:
+        """``enqueue``, returning the ledger's job id beside the TaskResult (a workflow's
+        child, member, callback or link: SPEC §9f)."""
         from . import jobs as task_jobs
 
         self.validate_task(task)
@@ -130,7 +135,7 @@ class LedgerBackend(_BaseTaskBackend):
             worker_ids=[],
         )
         _fw.task_enqueued.send(type(self), task_result=result)
-        return result
+        return result, stored.job_id
 
     def get_result(self, result_id: str) -> Any:
         from . import jobs as task_jobs
