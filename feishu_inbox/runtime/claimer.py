@@ -131,7 +131,7 @@ class Claimer:
             if ended:
                 statuses, jobs = ledger.finish_batch(
                     crew.worker_id,
-                    [(entry.ctx.lease, "") for entry in ended],
+                    [(entry.ctx.lease, entry.ctx.finish_note) for entry in ended],
                     limit=max(limit - len(recovered), 0),
                     token=token,
                     lease_seconds=crew.lease_seconds,
@@ -172,7 +172,8 @@ class Claimer:
         crew = self._crew
         ctx.ensure_alive()
         ctx.ending = True
-        if self.batch is not None and not superseded and not note:
+        if self.batch is not None and not superseded:
+            ctx.finish_note = note
             return None
         stopping = crew.flags.stop.is_set()
         reserved = 0 if stopping else crew.slots.reserve(crew.options.max_jobs)
@@ -249,7 +250,9 @@ class Claimer:
     def finish_fenced_out(entry: Ended) -> str:
         """A batch found this finish fenced out: written alone, it learns why (``LeaseLost``)
         or, retried, finds that it had landed."""
-        return ledger.finish(entry.ctx.lease, retrying=entry.retrying)
+        return ledger.finish(
+            entry.ctx.lease, note=entry.ctx.finish_note, retrying=entry.retrying
+        )
 
     def write_ended(self) -> tuple[list[Ended], list[Claimed], list[str | None]]:
         """Write the batch's waiting finishes now, claiming nothing (the worker is ending):

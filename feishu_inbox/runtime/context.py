@@ -114,6 +114,10 @@ class JobContext:
     #: from now on was refused because that end landed first, not because the lease was lost.
     #: A lease that really was lost the end's own write reports, as ``LeaseLost``.
     ending: bool = False
+    #: The error type its finish keeps on a completed job (``Cancelled``, ``NoHandler``): a
+    #: batched finish writes it too, so a cancelled tree's jobs end in the batch, not each on
+    #: a connection of its own.
+    finish_note: str = ""
     on_lost: Callable[[JobContext], None] | None = None
     #: Called by the worker once the attempt's end is written, with the job's state after it
     #: and the exception that ended it (None: the handler returned), inside the ``except``

@@ -238,3 +238,66 @@ def ask(event: Event) -> None:
     if p.get("gate"):
         wait_gate(p["gate"])
     record("end", event.event_id, pid, time.monotonic_ns())
+
+
+# --- workflows (SPEC §9f) ------------------------------------------------------------------------
+
+
+@feishu_inbox.handler("test.fanout")
+def fanout(event: Event) -> None:
+    """Spawn ``n`` children of ``child`` (their payload: ``i``, and ``steps``), wait for all of
+    them, then one effect of the parent's own. ``cancel_wait``: the children loop on
+    checkpoints until cancelled (the cancel tests)."""
+    pid = os.getpid()
+    n = int(event.payload["n"])
+    child = event.payload.get("child", "test.wf_child")
+    steps = event.payload.get("steps", [])
+    kids = feishu_inbox.spawn_many(child, [{"i": i, "steps": steps} for i in range(n)])
+    record("spawned", event.event_id, len(kids), pid)
+    results = feishu_inbox.wait_all(kids)
+    ok = sum(1 for r in results if r.ok)
+    values = sorted(r.result["i"] for r in results if r.ok)
+    record("resumed", event.event_id, len(results), ok, int(values == list(range(n))), pid)
+    with feishu_inbox.effect("parent", idempotent_for=timedelta(hours=1)) as key:
+        record("parent_effect", event.event_id, key, pid)
+
+
+@feishu_inbox.handler("test.wf_child")
+def wf_child(event: Event) -> dict[str, int]:
+    """A child (or batch member, or chain link): its steps (``test.steps``'s words: gate,
+    checkpoints, work), then an effect the remote side deduplicates by its key (recorded, so
+    a test counts what was applied), then its result: ``{"i": …}`` (a link: previous + 1)."""
+    pid = os.getpid()
+    record("child_start", event.event_id, pid, event.attempt)
+    for step in event.payload.get("steps", []):
+        kind, _, arg = step.partition(":")
+        if kind == "gate":
+            wait_gate(arg)
+        elif kind == "checkpoints":
+            deadline = time.monotonic() + float(arg)
+            while time.monotonic() < deadline:
+                feishu_inbox.checkpoint()
+                time.sleep(0.02)
+            raise TimeoutError("never cancelled")
+        elif kind == "work":
+            time.sleep(float(arg))
+    with feishu_inbox.effect("apply", idempotent_for=timedelta(hours=1)) as key:
+        record("child_effect", event.event_id, key, pid)
+    previous = event.payload.get("previous")
+    if isinstance(previous, dict):
+        return {"i": int(previous["i"]) + 1}
+    return {"i": int(event.payload.get("i", 0))}
+
+
+@feishu_inbox.handler("test.wf_callback")
+def wf_callback(event: Event) -> None:
+    """A batch's callback: records its batch and what it was told."""
+    summary = event.payload["batch"]
+    record(
+        "callback",
+        summary["id"],
+        event.payload.get("which", "?"),
+        summary["total"],
+        json.dumps(summary["counts"], separators=(",", ":"), sort_keys=True),
+        os.getpid(),
+    )
