@@ -32,6 +32,7 @@ from ..ledger.payloads import text_without_secrets, without_secrets
 from ..models import Attempt, CardStream, EventJob, Partition, Status, Step, job_id_from_text
 from ..runtime import registry
 from .actions import ACTIONS, as_admin_action, page_context
+from .batches import workflow_of
 from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
 from .dashboard import dashboard_data
 from .filters import AppFilter, BlocksPartitionFilter, EventTypeFilter, KindFilter, QueueFilter
@@ -197,6 +198,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
             },
         ),
         ("Partition", {"fields": ["partition_neighbours"]}),
+        ("Workflow", {"fields": ["workflow"]}),
         ("Payload", {"fields": ["pretty_payload"]}),
     ]
     # Every field shown is read-only: operators act only through actions.
@@ -360,6 +362,11 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
         except (RecursionError, ValueError):
             text = text_without_secrets(raw or "")
         return format_html('<pre style="white-space:pre-wrap;max-width:70em">{}</pre>', text)
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: EventJob) -> str:
+        """Its parent, its batch, its descendants and the batches it made (SPEC §9f)."""
+        return workflow_of(obj)
 
     @admin.display(description="jobs ahead and behind in this partition")
     def partition_neighbours(self, obj: EventJob) -> str:

@@ -7,6 +7,8 @@
 - ``operators``: the operators' actions (requeue, reconcile, discard, cancel, replay).
 - ``waits``: durable waits (a wait begun, a job suspended, signals, timeouts, operators'
   resume and time out).
+- ``workflows``: children spawned once and awaited, batches and chains fired once;
+  ``trees``: a workflow as operators see it and act on it.
 - ``kinds``: the kinds of job (Feishu events, schedule occurrences, tasks …) in one open
   registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
   workers are woken (NOTIFY) and how many claims run side by side.

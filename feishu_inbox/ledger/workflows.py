@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db.models import Count, Q
 from django.utils import timezone
 
 from .. import telemetry
@@ -503,58 +502,3 @@ def _advance_chain(batch: Batch, members: list[int]) -> None:
     batch.pending = 1
     batch.total += 1
     batch.fired_jobs = [*batch.fired_jobs, job_id]
-
-
-# --- operators -------------------------------------------------------------------------------
-
-
-def unfinished_children(job_ids: Iterable[int]) -> list[int]:
-    """The children of these jobs that have not ended (a cancelled parent's to cancel)."""
-    ids = list(job_ids)
-    if not ids:
-        return []
-    return list(
-        EventJob.objects.filter(parent_id__in=ids)
-        .exclude(status__in=ENDED)
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
-
-
-def failed_members(root_id: int) -> list[int]:
-    """A workflow's failed jobs (its children's, and their batches' members): to requeue."""
-    return [job["id"] for job in tree_jobs(root_id) if job["status"] == Status.FAILED]
-
-
-def tree_jobs(root_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
-    """A job and its descendants (children, grandchildren…), breadth first, at most
-    ``limit`` jobs: id, parent, batch, event type, status, error."""
-    fields = ("id", "parent_id", "batch_id", "event_type", "status", "error_type", "attempt")
-    root = list(EventJob.objects.filter(id=root_id).values(*fields))
-    found, level = list(root), [root_id]
-    while level and len(found) < limit:
-        below = list(
-            EventJob.objects.filter(parent_id__in=level)
-            .order_by("id")
-            .values(*fields)[: limit - len(found)]
-        )
-        found += below
-        level = [j["id"] for j in below]
-    return found
-
-
-def batches_of(job_ids: Iterable[int]) -> list[Batch]:
-    """The batches these jobs made or count in (a tree's batches)."""
-    ids = list(job_ids)
-    counted = EventJob.objects.filter(id__in=ids, batch_id__isnull=False).values("batch_id")
-    return list(Batch.objects.filter(Q(parent_id__in=ids) | Q(id__in=counted)).order_by("id"))
-
-
-def open_batches() -> int:
-    return Batch.objects.exclude(state=BatchState.FIRED).count()
-
-
-def member_counts(batch_id: int) -> dict[str, int]:
-    """How many of a batch's members are in each state."""
-    rows = EventJob.objects.filter(batch_id=batch_id).values("status").annotate(n=Count("id"))
-    return {row["status"]: row["n"] for row in rows.order_by()}

@@ -83,6 +83,7 @@ def _ledger_families() -> list[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
     from ..ledger import stats as ledger_stats
+    from ..ledger import trees as workflows
     from ..ledger import workers as worker_beats
     from ..models import BLOCKING, EventJob, Partition, Schedule, Status
     from ..schedules import declared
@@ -140,6 +141,16 @@ def _ledger_families() -> list[Any]:
     )
     blocked_age.add_metric([], _age(now, oldest_blocked))
     families.append(blocked_age)
+    open_batches = GaugeMetricFamily(
+        "feishu_inbox_ledger_open_batches",
+        "Workflows' batches not fired yet (SPEC §9f), by kind (batch, children, chain) and "
+        "state (open: taking members; closed: waiting for them to end; stopped: a chain held "
+        "at a failed link).",
+        labels=["kind", "state"],
+    )
+    for (kind, batch_state), n in sorted(workflows.open_batches_by_kind().items()):
+        open_batches.add_metric([kind, batch_state], n)
+    families.append(open_batches)
     running = GaugeMetricFamily(
         "feishu_inbox_ledger_running_jobs",
         "Running jobs per worker (by the ledger: a dead worker's show until their leases expire).",

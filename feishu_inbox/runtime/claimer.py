@@ -250,9 +250,7 @@ class Claimer:
     def finish_fenced_out(entry: Ended) -> str:
         """A batch found this finish fenced out: written alone, it learns why (``LeaseLost``)
         or, retried, finds that it had landed."""
-        return ledger.finish(
-            entry.ctx.lease, note=entry.ctx.finish_note, retrying=entry.retrying
-        )
+        return ledger.finish(entry.ctx.lease, note=entry.ctx.finish_note, retrying=entry.retrying)
 
     def write_ended(self) -> tuple[list[Ended], list[Claimed], list[str | None]]:
         """Write the batch's waiting finishes now, claiming nothing (the worker is ending):

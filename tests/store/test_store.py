@@ -121,7 +121,7 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028 and 0029 load their function
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029 and 0034 load their function
     files; migrating back drops them (or restores their earlier versions), forward again
     creates them, and the ledger works after the round trip."""
 
@@ -141,6 +141,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_end_attempts",
         "feishu_inbox_job_check",
         "feishu_inbox_partition_check",
+        "feishu_inbox_member_moved",
     }
     row_checks = {"feishu_inbox_job_check", "feishu_inbox_partition_check"}
 
@@ -200,6 +201,9 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert end_attempt_merged() and finish_batch_in_sets()
     assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
     try:
+        call_command("migrate", "feishu_inbox", "0033", verbosity=0)
+        expected -= {"feishu_inbox_member_moved"}  # new in 0034: the workflows' trigger
+        assert functions() == expected
         call_command("migrate", "feishu_inbox", "0028", verbosity=0)
         assert end_attempts_settings() == generic and finish_batch_in_sets()
         call_command("migrate", "feishu_inbox", "0027", verbosity=0)
@@ -229,6 +233,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     finally:
         call_command("migrate", "feishu_inbox", verbosity=0)
     expected |= {"feishu_inbox_finish_batch", "feishu_inbox_end_attempts"}
+    expected |= {"feishu_inbox_member_moved"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
     assert check_constraints() == 0 and end_attempt_merged() and finish_batch_in_sets()
     assert end_attempts_settings() == [*generic, "enable_seqscan=off"]

@@ -8,7 +8,7 @@ import logging
 from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.core.management.base import CommandError
 from django.utils import timezone
@@ -24,6 +24,7 @@ from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
 from feishu_inbox.ledger.stats import stats as read_stats
 from feishu_inbox.management.operator import OperatorCommand, common_options, positive_int
+from feishu_inbox.management.workflow_view import tree_lines, workflow_as_dict
 from feishu_inbox.models import (
     LARGEST_JOB_ID,
     EventJob,
@@ -332,10 +333,17 @@ class Command(OperatorCommand):
         if job.app == TASKS_APP:  # a django.tasks task: its return value, as the admin shows
             returned = Step.objects.filter(job_id=job.pk, name=RETURN_STEP).first()
             data["return_value"] = None if returned is None else returned.result
+        workflow = workflow_as_dict(job)
+        if workflow is not None:  # its workflow (SPEC §9f)
+            data["workflow"] = workflow
         if options["json"]:
             self._print_json(data)
             return
         for key, value in data.items():
+            if key == "workflow":
+                for line in tree_lines(job.pk, cast("dict[str, Any]", value)):
+                    self.stdout.write(line)
+                continue
             if key in ("payload", "attempts", "return_value", "wait"):
                 value = json.dumps(value, indent=2, default=str, ensure_ascii=False)
             self.stdout.write(f"{key}: {value}")
