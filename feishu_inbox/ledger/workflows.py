@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from .. import telemetry
@@ -177,7 +178,7 @@ def _lock_parent(lease: Any) -> Any:
             status=Status.RUNNING,
             worker_id=lease.worker_id,
             lease_token=lease.token,
-            lease_until__gt=timezone.now(),
+            lease_until__gt=Now(),  # the database's clock, as every fence reads it
         )
         .values("replays", "cancel_requested", "app", "partition_key")
         .first()

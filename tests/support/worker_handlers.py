@@ -301,3 +301,14 @@ def wf_callback(event: Event) -> None:
         json.dumps(summary["counts"], separators=(",", ":"), sort_keys=True),
         os.getpid(),
     )
+
+
+@feishu_inbox.handler("test.task_parent")
+def task_parent(event: Event) -> None:
+    """Spawn ``n`` django.tasks children (``worker_tasks.add(i, 100)``) and sum their results."""
+    from tests.support import worker_tasks
+
+    n = int(event.payload["n"])
+    kids = feishu_inbox.spawn_many(worker_tasks.add, [[i, 100] for i in range(n)])
+    results = feishu_inbox.wait_all(kids)
+    record("task_sum", event.event_id, sum(r.value for r in results))

@@ -130,3 +130,10 @@ def stamp() -> None:
 def hangs(seconds: float) -> None:
     """Sleeps past its timeout of 1.5 s without a checkpoint: the worker stops it."""
     time.sleep(seconds)
+
+
+@task
+def collect(batch: dict[str, Any], tag: str = "") -> int:
+    """A batch's callback: records the summary it was given (tests/workflows)."""
+    record("collected", tag, batch["id"], batch["total"], sorted(batch["counts"].items()))
+    return int(batch["total"])

@@ -400,3 +400,30 @@ def test_bad_specs_are_refused_with_a_fix() -> None:
         feishu_inbox.batch([])
     assert not EventJob.objects.exists() and not Batch.objects.exists()
     assert not BatchEvent.objects.exists()
+
+
+def test_a_replayed_parent_spawns_a_new_generation_and_keeps_the_old_as_history() -> None:
+    parent = enqueue("p1")
+
+    def body() -> Any:
+        kids = feishu_inbox.spawn_many("test.child", [{}, {}])
+        return [r.result for r in feishu_inbox.wait_all(kids)]
+
+    run(claim_job(parent), body)
+    first = list(EventJob.objects.filter(parent_id=parent).values_list("id", flat=True))
+    for kid in first:
+        complete(kid, "old")
+    fire()
+    claimed = claim_job(parent)
+    assert run(claimed, body) == ("returned", ["old", "old"])
+    ledger.finish(claimed.lease)
+    outcome = ledger.replay([parent])
+    replayed = outcome.moved.get(parent, parent)
+    assert run(claim_job(replayed), body) == ("suspended", "waiting")
+    children = list(EventJob.objects.filter(parent_id=replayed).order_by("id"))
+    assert len(children) == 4  # two generations; the first stays as history
+    new = [c.pk for c in children if c.pk not in first]
+    for kid in new:
+        complete(kid, "new")
+    fire()
+    assert run(claim_job(replayed), body) == ("returned", ["new", "new"])

@@ -215,3 +215,41 @@ def test_cancelling_a_parent_stops_its_five_hundred_running_children(workers: Wo
     assert not workers.lines("child_effect")  # none reached its effect
     assert EventJob.objects.get(pk=parent).status == "completed"
     print(f"{RUNNING} running children stopped {took:.2f}s after their parent's cancel")
+
+
+def test_tasks_as_children_batch_members_callbacks_and_chain_links(workers: Workers) -> None:
+    from tests.support import worker_tasks as t
+
+    parent = ledger.enqueue(
+        event_id="tp", event_type="test.task_parent", partition_key="chat-tp", payload={"n": 20}
+    ).job_id
+    with transaction.atomic():
+        handle = feishu_inbox.batch(
+            [feishu_inbox.job(t.add, [i, i]) for i in range(10)],
+            on_complete=feishu_inbox.job(t.collect, {"tag": "done"}),
+        )
+        chain = feishu_inbox.chain(
+            feishu_inbox.job(t.add, [1, 2]), feishu_inbox.job(t.add, [10]), t.echo
+        )
+    workers.start("--concurrency", "4")
+    wait_for(
+        lambda: (
+            workers.lines("task_sum")
+            and workers.lines("collected")
+            and (fresh() or Batch.objects.get(pk=chain.id).state == BatchState.FIRED)
+        ),
+        120,
+        "the task parent, the batch's callback and the chain",
+        seen=lambda: (statuses(), workers.lines("task_sum"), workers.lines("collected")),
+    )
+    # The parent summed its 20 task children's return values: sum(i + 100).
+    assert workers.lines("task_sum") == [["task_sum", "tp", str(sum(range(20)) + 2000)]]
+    assert statuses(parent_id=parent) == {"completed": 20}
+    # The callback task got the summary as its `batch` keyword argument, once.
+    [collected] = workers.lines("collected")
+    assert collected[1:4] == ["done", str(handle.id), "10"]
+    # Each link's result was the next one's first argument: add(1, 2) = 3, add(3, 10) = 13,
+    # echo(13) = {"args": [13], …}.
+    links = Batch.objects.get(pk=chain.id).fired_jobs
+    echoed = Step.objects.get(job_id=links[-1], name="django.tasks:return_value").result
+    assert echoed == {"args": [13], "kwargs": {}}
