@@ -27,13 +27,25 @@ LAYERS = {
     "feishu": 4,
     "schedules": 4,
     "tasks": 4,
+    "webhooks": 4,
     "monitoring": 4,
     "admin": 5,
     "management": 5,
     "templatetags": 5,
 }
-#: ``waiting`` holds the waits' tables, a leaf beside ``models`` (which is at the line limit).
-LEAVES = {"errors", "conf", "extras", "models", "task_jobs", "telemetry", "tracing", "waiting"}
+#: ``waiting`` holds the waits' tables and ``outbound`` the outbound webhooks' ones, leaves
+#: beside ``models`` (which is at the line limit).
+LEAVES = {
+    "errors",
+    "conf",
+    "extras",
+    "models",
+    "task_jobs",
+    "telemetry",
+    "tracing",
+    "waiting",
+    "outbound",
+}
 WIRING = {"__init__", "apps", "checks", "urls"}
 #: Imports across one layer's folders, each one way only.
 SIDEWAYS = {
@@ -245,4 +257,4 @@ def test_each_capability_is_a_folder(capability: str) -> None:
 def test_the_top_level_holds_djangos_places_and_leaves_only() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert set(top) == LEAVES | WIRING, top
-    assert len(top) <= 12
+    assert len(top) <= 13  # 12, and outbound.py: models.py is full (its tables' leaf)
