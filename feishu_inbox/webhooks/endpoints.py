@@ -118,6 +118,13 @@ def check_event_types(event_types: object) -> list[str]:
     return sorted(set(event_types))
 
 
+def _listed(event_types: object) -> object:
+    """A list of what was given; a string stays one (refused: a list was meant)."""
+    if isinstance(event_types, str) or not hasattr(event_types, "__iter__"):
+        return event_types
+    return list(event_types)
+
+
 def check_rate_limit(rate_limit: object) -> float | None:
     if rate_limit is None:
         return None
@@ -137,7 +144,7 @@ def add_endpoint(
     enabled: bool = True,
 ) -> NewEndpoint:
     """Store an endpoint with a new ``whsec_`` secret; the secret is readable this once."""
-    types = check_event_types(list(event_types))
+    types = check_event_types(_listed(event_types))
     endpoint = WebhookEndpoint(
         uid=signing.new_id("ep"),
         url=check_url(url),
@@ -176,7 +183,7 @@ def update(
     if url is not None:
         endpoint.url = check_url(url)
     if event_types is not None:
-        endpoint.event_types = check_event_types(list(event_types))
+        endpoint.event_types = check_event_types(_listed(event_types))
     if description is not None:
         endpoint.description = str(description)[:255]
     if rate_limit is not False:
