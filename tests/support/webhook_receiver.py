@@ -4,7 +4,7 @@
 
 Every request is verified with the ``standardwebhooks`` package (against each ``--secret``:
 the receiver may hold the old or the new one of a rotation), independent of feishu_inbox's
-own signing. It deduplicates on ``webhook-id`` as Standard Webhooks tells receivers to, and
+own signing. It deduplicates on ``webhook-id`` as Standard Webhooks tells receivers to (across restarts), and
 writes one JSON line per request to ``--log``: the id, its key and sequence from the body,
 whether the signature verified (and with which secret), whether the id was new, the mode.
 
@@ -42,7 +42,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     hooks = [(s, Webhook(s)) for s in args.secret]
+    # The ids it accepted, kept in its log as a real receiver keeps them in its database: a
+    # restarted receiver still deduplicates what it accepted before.
     seen: set[str] = set()
+    if args.log.exists():
+        for line in args.log.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("accepted"):
+                seen.add(row["id"])
     lock = threading.Lock()
     chance = random.Random(args.seed)
     mode_file = Path(f"{args.log}.mode")
