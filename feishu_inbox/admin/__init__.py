@@ -6,7 +6,8 @@ Reconcile and discard assert something about the outside world, so they go throu
 confirmation page (Django's two-step ``delete_selected`` pattern).
 
 One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard), ``schedules``,
-``pauses`` (what is paused) and ``workers`` (every worker's heartbeat row); ``actions`` (the
+``pauses`` (what is paused), ``workers`` (every worker's heartbeat row) and ``webhooks``
+(outbound webhook endpoints, messages and their attempts); ``actions`` (the
 operator actions on jobs), ``filters``, ``dashboard`` (its figures) and ``common`` (what the
 pages share) serve them. Registered here.
 """
@@ -16,14 +17,25 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ..models import EventJob, Pause, Schedule, WorkerBeat
+from ..outbound import WebhookEndpoint, WebhookMessage
 from .jobs import EventJobAdmin
 from .pauses import PauseAdmin
 from .schedules import ScheduleAdmin
+from .webhooks import WebhookEndpointAdmin, WebhookMessageAdmin
 from .workers import WorkerBeatAdmin
 
 admin.site.register(EventJob, EventJobAdmin)
 admin.site.register(Schedule, ScheduleAdmin)
 admin.site.register(Pause, PauseAdmin)
 admin.site.register(WorkerBeat, WorkerBeatAdmin)
+admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
+admin.site.register(WebhookMessage, WebhookMessageAdmin)
 
-__all__ = ["EventJobAdmin", "PauseAdmin", "ScheduleAdmin", "WorkerBeatAdmin"]
+__all__ = [
+    "EventJobAdmin",
+    "PauseAdmin",
+    "ScheduleAdmin",
+    "WebhookEndpointAdmin",
+    "WebhookMessageAdmin",
+    "WorkerBeatAdmin",
+]

@@ -1,4 +1,5 @@
 """The commands (``commands``: ``runworker``, ``inbox``, ``feishu_connect``) and what they
-share: ``operator`` (an operator's command: JSON output, ``--user``, ``inbox schedules``) and
+share: ``operator`` (an operator's command: JSON output, ``--user``, ``inbox schedules``),
+``webhooks`` (``inbox webhooks``: outbound webhook endpoints from the shell) and
 ``demo_data`` (``inbox demo-data``'s events in every state).
 """

@@ -206,7 +206,7 @@ def rotate_secret(uid: str, *, grace: timedelta | None = None) -> NewEndpoint:
         endpoint.previous_secret, endpoint.secret = endpoint.secret, new
         endpoint.previous_secret_until = timezone.now() + grace
         endpoint.save(update_fields=["secret", "previous_secret", "previous_secret_until"])
-    log.info("webhook endpoint %s: secret rotated (the old one signs until %s)", uid, grace)
+    log.info("webhook endpoint %s: secret rotated (the old one signs for %s more)", uid, grace)
     return NewEndpoint(endpoint, new)
 
 

@@ -4,9 +4,9 @@
 
 Every request is verified with the ``standardwebhooks`` package (against each ``--secret``:
 the receiver may hold the old or the new one of a rotation), independent of feishu_inbox's
-own signing. It deduplicates on ``webhook-id`` as Standard Webhooks tells receivers to (across restarts), and
-writes one JSON line per request to ``--log``: the id, its key and sequence from the body,
-whether the signature verified (and with which secret), whether the id was new, the mode.
+own signing. It deduplicates on ``webhook-id`` as Standard Webhooks tells receivers to (across
+restarts), and writes one JSON line per request to ``--log``: the id, its key and sequence
+from the body, which secrets verified it, whether the id was new, the mode.
 
 Modes: ``ok`` (2xx), ``gone`` (410), ``reject`` (400), ``error`` (500), ``sleep`` (sleeps
 ``--sleep`` s before answering), ``redirect`` (302 to another URL), ``huge`` (200 with a

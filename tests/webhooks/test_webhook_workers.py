@@ -105,8 +105,9 @@ def test_chaos_every_message_accepted_once_in_order_never_unknown(
     down.kill()
     connection.close()
     wait_for(
-        lambda: WebhookAttempt.objects.filter(endpoint__uid=made[0][0], status_code=None).count()
-        >= 3,
+        lambda: (
+            WebhookAttempt.objects.filter(endpoint__uid=made[0][0], status_code=None).count() >= 3
+        ),
         120,
         "deliveries to fail while the receiver is down",
     )
@@ -143,10 +144,12 @@ def test_410_disables_the_endpoint_and_holds_its_deliveries_until_enabled(
     assert "410" in row.disabled_reason and row.disabled_at is not None
     assert len(receiver.requests()) == 1  # the held ones were not sent
     wait_for(
-        lambda: EventJob.objects.filter(
-            app="webhooks", status="queued", available_at__gte=pauses.HELD_FROM
-        ).count()
-        == 3,
+        lambda: (
+            EventJob.objects.filter(
+                app="webhooks", status="queued", available_at__gte=pauses.HELD_FROM
+            ).count()
+            == 3
+        ),
         60,
         "all three deliveries held",
         seen=jobs,
@@ -166,7 +169,6 @@ def test_a_failing_endpoint_is_disabled_after_its_span_and_enabling_sends_what_i
 ) -> None:
     """The span (WEBHOOK_DISABLE_AFTER, 5 days) is simulated: once attempts have failed, the
     endpoint's failing_since is moved back six days, as if they had failed since then."""
-    seen: list[str] = []
     receiver = receivers("failing", mode="error")
     uid, secret = add(receiver)
     receiver.options["secrets"] = [secret]
@@ -175,14 +177,13 @@ def test_a_failing_endpoint_is_disabled_after_its_span_and_enabling_sends_what_i
     workers.start(**worker_env())
     wait_for(lambda: endpoint(uid).failure_streak >= 2, 60, "two failed attempts")
     assert endpoint(uid).enabled
-    WebhookEndpoint.objects.filter(uid=uid).update(
-        failing_since=timezone.now() - timedelta(days=6)
-    )
+    WebhookEndpoint.objects.filter(uid=uid).update(failing_since=timezone.now() - timedelta(days=6))
     wait_for(lambda: not endpoint(uid).enabled, 60, "the endpoint to be disabled")
     assert "every attempt failed since" in endpoint(uid).disabled_reason
     wait_for(
-        lambda: EventJob.objects.filter(app="webhooks", available_at__gte=pauses.HELD_FROM).count()
-        == 3,
+        lambda: (
+            EventJob.objects.filter(app="webhooks", available_at__gte=pauses.HELD_FROM).count() == 3
+        ),
         60,
         "its deliveries held",
         seen=jobs,
@@ -195,7 +196,6 @@ def test_a_failing_endpoint_is_disabled_after_its_span_and_enabling_sends_what_i
     assert jobs() == {"completed": 3}
     assert in_order(receiver) == {"k": [0, 1, 2]}
     assert endpoint(uid).failure_streak == 0 and endpoint(uid).last_success_at is not None
-    assert not seen
 
 
 def test_a_rejected_delivery_ends_and_its_keys_next_message_goes_on(
@@ -248,7 +248,7 @@ def test_a_slow_receiver_never_stalls_a_worker_past_its_timeout(
     slow_uid, secret = add(slow)
     slow.options["secrets"] = [secret]
     fast = receivers("fast")
-    fast_uid, fast_secret = add(fast)
+    _, fast_secret = add(fast)
     fast.options["secrets"] = [fast_secret]
     slow.start(), fast.start()
     for n in range(5):
@@ -275,7 +275,7 @@ def test_an_endpoints_rate_limit_is_kept_across_workers(workers: Workers, receiv
     """20 messages without a key (free to go in parallel) to an endpoint limited to 5 a
     second (a burst of 5), on two workers of 4 slots: they take at least 3 s."""
     receiver = receivers("limited")
-    uid, secret = add(receiver, rate_limit=5)
+    _, secret = add(receiver, rate_limit=5)
     receiver.options["secrets"] = [secret]
     receiver.start()
     for n in range(20):
