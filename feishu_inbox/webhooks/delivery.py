@@ -26,6 +26,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from .. import telemetry
@@ -136,24 +137,27 @@ def run(event: context.Event) -> None:
         )
     outcome = outcome_of(sent)
     at = timezone.now()
-    WebhookAttempt.objects.create(
-        message=message,
-        endpoint=endpoint,
-        job_id=event.job_id,
-        outcome=outcome,
-        status_code=sent.status,
-        response=sent.body,
-        latency_ms=round(sent.seconds * 1000, 3),
-        request_headers=headers,
-        error=sent.error,
-        at=at,
-    )
+    with transaction.atomic():  # the attempt and the endpoint's health: one commit
+        WebhookAttempt.objects.create(
+            message=message,
+            endpoint=endpoint,
+            job_id=event.job_id,
+            outcome=outcome,
+            status_code=sent.status,
+            response=sent.body,
+            latency_ms=round(sent.seconds * 1000, 3),
+            request_headers=headers,
+            error=sent.error,
+            at=at,
+        )
+        if outcome == "accepted":
+            endpoints.succeeded(endpoint.pk, at)
+        else:
+            since = endpoints.failed(endpoint.pk, at)
     telemetry.WEBHOOK_ATTEMPTS.labels(outcome).inc()
     telemetry.WEBHOOK_SECONDS.labels(outcome).observe(sent.seconds)
     if outcome == "accepted":
-        endpoints.succeeded(endpoint.pk, at)
         return
-    since = endpoints.failed(endpoint.pk, at)
     if outcome == "gone":
         endpoints.disable(endpoint.uid, reason="gone", detail="it answered 410 Gone")
         _hold(endpoint, "it answered 410 Gone")

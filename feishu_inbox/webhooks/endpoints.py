@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -272,10 +272,20 @@ def delete(uid: str) -> None:
 # --- health, written by each attempt (``delivery.py``) --------------------------------------
 
 
+#: A healthy endpoint's last success is written at most this often (one write per delivery
+#: otherwise, on the hottest row of the table).
+SUCCESS_RESOLUTION = timedelta(seconds=1)
+
+
 def succeeded(endpoint_id: int, now: datetime) -> None:
-    WebhookEndpoint.objects.filter(pk=endpoint_id).update(
-        failure_streak=0, failing_since=None, last_success_at=now
-    )
+    """A 2xx: the streak ends; the last success is written when it ended a streak, or is at
+    least ``SUCCESS_RESOLUTION`` old."""
+    WebhookEndpoint.objects.filter(
+        Q(failure_streak__gt=0)
+        | Q(last_success_at__isnull=True)
+        | Q(last_success_at__lt=now - SUCCESS_RESOLUTION),
+        pk=endpoint_id,
+    ).update(failure_streak=0, failing_since=None, last_success_at=now)
 
 
 def failed(endpoint_id: int, now: datetime) -> datetime:
