@@ -362,3 +362,31 @@ def test_a_request_is_bounded_by_its_timeout_and_its_read(
     assert written < 64 * 1024 * 1024, written  # it stopped at the socket buffers, not 1 GiB
     for receiver in (slow, moved, huge):
         assert all(r["verified"] for r in receiver.requests())
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+
+def test_the_purge_deletes_old_messages_whose_deliveries_all_completed() -> None:
+    from feishu_inbox.ledger.retention import purge
+
+    webhooks.add_endpoint("https://a.example.com/")
+    done, pending, recent = (webhooks.publish("order.paid", {"n": n}) for n in range(3))
+    EventJob.objects.exclude(event_id__startswith=pending.message_id).update(
+        status="completed", finished_at=timezone.now()
+    )
+    WebhookMessage.objects.exclude(uid=recent.message_id).update(
+        created_at=timezone.now() - timedelta(days=8)
+    )
+    message = WebhookMessage.objects.get(uid=done.message_id)
+    WebhookAttempt.objects.create(
+        message=message,
+        endpoint=WebhookEndpoint.objects.get(),
+        outcome="accepted",
+        latency_ms=1,
+        at=timezone.now(),
+    )
+    assert purge().webhook_messages_deleted == 1
+    left = set(WebhookMessage.objects.values_list("uid", flat=True))
+    assert left == {pending.message_id, recent.message_id}
+    assert not WebhookAttempt.objects.exists()
