@@ -151,7 +151,8 @@ def run(event: context.Event) -> None:
             at=at,
         )
         if outcome == "accepted":
-            endpoints.succeeded(endpoint.pk, at)
+            if endpoints.needs_success_written(endpoint, at):
+                endpoints.succeeded(endpoint.pk, at)
         else:
             since = endpoints.failed(endpoint.pk, at)
     telemetry.WEBHOOK_ATTEMPTS.labels(outcome).inc()

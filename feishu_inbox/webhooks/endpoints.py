@@ -277,6 +277,13 @@ def delete(uid: str) -> None:
 SUCCESS_RESOLUTION = timedelta(seconds=1)
 
 
+def needs_success_written(endpoint: WebhookEndpoint, now: datetime) -> bool:
+    """Whether a 2xx changes the endpoint's row as it was read when the attempt began (a
+    healthy, busy endpoint's is not written again within ``SUCCESS_RESOLUTION``)."""
+    last = endpoint.last_success_at
+    return bool(endpoint.failure_streak) or last is None or last < now - SUCCESS_RESOLUTION
+
+
 def succeeded(endpoint_id: int, now: datetime) -> None:
     """A 2xx: the streak ends; the last success is written when it ended a streak, or is at
     least ``SUCCESS_RESOLUTION`` old."""
