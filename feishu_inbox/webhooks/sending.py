@@ -4,9 +4,10 @@
 ``Sent`` with the status (or None: no answer), the first KiB of the body, ``Retry-After`` and
 how long it took. Its bounds, whatever the receiver does:
 
-- time: the whole request (DNS, connect, TLS, send, the answer's head and first KiB) ends at
-  ``timeout`` seconds: each socket operation waits at most what is left, and a timer shuts the
-  socket down at the deadline, so a receiver that trickles bytes cannot stretch it;
+- time: the whole request (the name's lookup, connect, TLS, send, the answer's head and first
+  KiB) ends at ``timeout`` seconds: each socket operation waits at most what is left, and a
+  timer shuts the socket down at the deadline, so a receiver that trickles bytes cannot
+  stretch it;
 - size: the status line and headers are read by ``http.client`` (65,536 bytes a line, 100
   headers), the body up to ``READ_LIMIT`` bytes, and the connection is then closed unread;
 - redirects are never followed (a 3xx is an answer like any other: not accepted);
@@ -24,6 +25,8 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -61,11 +64,28 @@ class _Deadline:
         return left
 
 
+#: Name lookups run here, so that a slow resolver counts against the request's deadline too
+#: (``getaddrinfo`` itself cannot be interrupted: a lookup past it finishes unread).
+_resolver = ThreadPoolExecutor(max_workers=8, thread_name_prefix="feishu_inbox-webhook-dns")
+_tls: list[ssl.SSLContext] = []
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The system's trust store, loaded once per process."""
+    if not _tls:
+        _tls.append(ssl.create_default_context())
+    return _tls[0]
+
+
 def _connect(
     host: str, port: int, deadline: _Deadline, allow_private: bool
 ) -> tuple[socket.socket, str]:
     """A socket connected to one of ``host``'s checked addresses."""
-    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    lookup = _resolver.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        found = lookup.result(timeout=deadline.left())
+    except FutureTimeout:
+        raise TimeoutError(f"looking up {host} took longer than the request's timeout") from None
     last: Exception | None = None
     for family, kind, proto, _, address in found:
         if not allow_private and not is_public(str(address[0])):
@@ -110,7 +130,7 @@ def post(
         timer.start()
         if parts.scheme == "https":
             sock.settimeout(deadline.left())
-            sock = holder[0] = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            sock = holder[0] = _tls_context().wrap_socket(sock, server_hostname=host)
         conn = http.client.HTTPConnection(host, port, timeout=deadline.left())
         conn.sock = sock
         sock.settimeout(deadline.left())
