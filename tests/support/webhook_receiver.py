@@ -9,10 +9,11 @@ restarts), and writes one JSON line per request to ``--log``: the id, its key an
 from the body, which secrets verified it, whether the id was new, the mode.
 
 Modes: ``ok`` (2xx), ``gone`` (410), ``reject`` (400), ``error`` (500), ``sleep`` (sleeps
-``--sleep`` s before answering), ``redirect`` (302 to another URL), ``huge`` (200 with a
-1 GiB body it streams out), ``drop`` (processes the request, then closes the connection
-without answering on ``--drop`` of the requests, seeded). A file ``FILE.mode`` next to the
-log, when present, holds the mode to use instead (a test switches it while it runs).
+``--sleep`` s before answering), ``redirect`` (302 to another URL), ``trickle`` (a 200 whose
+body comes a byte every 0.2 s), ``huge`` (200 with a 1 GiB body it streams out), ``drop``
+(processes the request, then closes the connection without answering on ``--drop`` of the
+requests, seeded). A file ``FILE.mode`` next to the log, when present, holds the mode to use
+instead (a test switches it while it runs).
 """
 
 from __future__ import annotations
@@ -118,6 +119,18 @@ def main() -> None:
                 self.send_header("location", "http://127.0.0.1:9/elsewhere")
                 self.send_header("content-length", "0")
                 self.end_headers()
+            elif mode == "trickle":  # a 200 whose body comes a byte every 0.2 s
+                self.send_response(200)
+                self.send_header("content-length", "1024")
+                self.end_headers()
+                try:
+                    for _ in range(1024):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(0.2)  # the receiver's own slowness, what the test is about
+                except OSError:
+                    pass
+                self.close_connection = True
             elif mode == "huge":
                 self.send_response(200)
                 self.send_header("content-length", str(GIB))

@@ -331,13 +331,15 @@ def test_the_cli_adds_an_endpoint_printing_its_secret_once(settings: Any) -> Non
 def test_a_request_is_bounded_by_its_timeout_and_its_read(
     receivers: Any, transactional_db: None
 ) -> None:
-    """A receiver that sleeps past the timeout, one that redirects and one that sends 1 GiB:
+    """A receiver that sleeps past the timeout, one that trickles its answer, one that
+    redirects and one that sends 1 GiB:
     the request ends by its timeout (2 s here; 6 s allowed for a busy machine) and reads at
     most 1 KiB of a body."""
     secret = signing.new_secret()
     slow = receivers("slow", secrets=[secret], mode="sleep", sleep=60).start()
     moved = receivers("moved", secrets=[secret], mode="redirect").start()
     huge = receivers("huge", secrets=[secret], mode="huge").start()
+    trickle = receivers("trickle", secrets=[secret], mode="trickle").start()
     body = b'{"type":"t","data":{}}'
     headers = signing.headers("msg_b", int(time.time()), body, [secret])
 
@@ -346,6 +348,12 @@ def test_a_request_is_bounded_by_its_timeout_and_its_read(
     took = time.monotonic() - started
     assert sent.status is None and sent.timed_out and 1.9 <= took < 6, (sent, took)
     assert delivery.outcome_of(sent) == "timed_out"
+
+    started = time.monotonic()  # a byte every 0.2 s: each read is quick, the whole is not
+    sent = sending.post(trickle.url, body, headers, timeout=2.0, allow_private=True)
+    took = time.monotonic() - started
+    assert 1.9 <= took < 6, (sent, took)  # cut at the deadline: what came of the body is kept
+    assert sent.status == 200 and 0 < len(sent.body) < 1024, sent
 
     sent = sending.post(moved.url, body, headers, timeout=2.0, allow_private=True)
     assert sent.status == 302 and delivery.outcome_of(sent) == "retried"
@@ -360,7 +368,7 @@ def test_a_request_is_bounded_by_its_timeout_and_its_read(
     wait_for(lambda: any("huge_written" in x for x in huge.lines()), 30, "the huge answer to end")
     written = next(x["huge_written"] for x in huge.lines() if "huge_written" in x)
     assert written < 64 * 1024 * 1024, written  # it stopped at the socket buffers, not 1 GiB
-    for receiver in (slow, moved, huge):
+    for receiver in (slow, trickle, moved, huge):
         assert all(r["verified"] for r in receiver.requests())
 
 
