@@ -226,51 +226,41 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     # outbound webhooks (docs/webhooks.md)
     "webhook_endpoint_invalid": (
-        "A webhook endpoint's URL or settings were refused: only http and https, no "
-        "credentials in the URL, no private, loopback or link-local address unless the site "
-        "allows them, a positive rate limit, a list of event types; nothing was stored.",
-        "Fix what the message names; a site that sends to its own network on purpose sets "
-        "FEISHU_INBOX['WEBHOOK_ALLOW_PRIVATE'] = True.",
+        "An endpoint was refused: its URL is not http(s), carries credentials or reaches a "
+        "private address, or its rate limit or event types are wrong; nothing was stored.",
+        "Fix what the message names (WEBHOOK_ALLOW_PRIVATE allows the site's own network).",
     ),
     "webhook_endpoint_unknown": (
         "No webhook endpoint has this id.",
         "`python manage.py inbox webhooks list` lists the endpoints and their ids (ep_...).",
     ),
     "webhook_endpoint_disabled": (
-        "The endpoint is disabled (by an operator, a 410 Gone answer, or failing for "
-        "WEBHOOK_DISABLE_AFTER): its deliveries are held, in order, not dropped.",
-        "Fix the receiver, then `inbox webhooks enable EP` (or the admin's action): what was "
-        "held is sent, in order.",
+        "The endpoint is disabled (an operator, a 410 Gone, or failing for "
+        "WEBHOOK_DISABLE_AFTER): its deliveries are held in order, not dropped.",
+        "Fix the receiver, then `inbox webhooks enable EP`: what it held is sent, in order.",
     ),
     "webhook_event_invalid": (
-        "publish() was refused: the event type is not 1 to 128 characters, the key is too "
-        "long, or the payload is not JSON data (a dict, list, str, number, bool or None); "
-        "nothing was published.",
-        "Publish JSON data (convert dates, decimals and model objects yourself), with a short "
-        "event type and key.",
+        "publish() was refused: an event type or key of a wrong length, or a payload that is "
+        "not JSON data; nothing was published.",
+        "Publish JSON data (convert dates, decimals and models yourself), a short type and key.",
     ),
     "webhook_event_unknown": (
-        "The event type is not one the site declared (FEISHU_INBOX['WEBHOOK_EVENT_TYPES']), "
-        "or an endpoint subscribes to such a type; nothing was stored.",
+        "The event type is not in FEISHU_INBOX['WEBHOOK_EVENT_TYPES']; nothing was stored.",
         "Declare the event type in WEBHOOK_EVENT_TYPES, or fix its spelling.",
     ),
     "webhook_delivery_failed": (
-        "A delivery got no 2xx: no answer in WEBHOOK_TIMEOUT_SECONDS, a redirect (never "
-        "followed), a 408/409/425 or a 5xx. It is sent again under the same webhook-id on "
-        "WEBHOOK_RETRY_SCHEDULE, until the endpoint answers or is disabled.",
-        "Nothing while it retries; check the receiver (the attempts show each answer). A "
-        "receiver that deduplicates on webhook-id acts once whatever the resends.",
+        "A delivery got no answer in time, a 3xx, a 408/409/425 or a 5xx: it is sent again, "
+        "same webhook-id, on WEBHOOK_RETRY_SCHEDULE until accepted or the endpoint disabled.",
+        "Nothing while it retries; the attempts show each answer of the receiver.",
     ),
     "webhook_delivery_rejected": (
-        "The receiver answered 4xx (not 408, 409, 410, 425 or 429): it refused this message. "
-        "The delivery ended without retrying, and the key's next message went on.",
-        "Fix the receiver or the payload, then replay the delivery (`inbox webhooks replay`).",
+        "The receiver answered a 4xx but 408/409/410/425/429: the delivery ended unretried, "
+        "and the key's next message went on.",
+        "Fix the receiver or the payload, then replay it (`inbox webhooks replay`).",
     ),
     "webhook_delivery_throttled": (
-        "The receiver answered 429, or the endpoint's own rate limit has no token: the "
-        "delivery waits (Retry-After when the receiver sent one) and is sent again.",
-        "Nothing: it is sent when the receiver allows. Lower the endpoint's rate_limit to "
-        "what the receiver accepts.",
+        "The receiver answered 429: the delivery is sent again after its Retry-After.",
+        "Nothing; lower the endpoint's rate_limit to what the receiver accepts.",
     ),
     "database_unavailable": (
         "The database is down or locked past its timeout; the event was not stored (the "
