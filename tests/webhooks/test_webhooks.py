@@ -398,3 +398,35 @@ def test_the_purge_deletes_old_messages_whose_deliveries_all_completed() -> None
     left = set(WebhookMessage.objects.values_list("uid", flat=True))
     assert left == {pending.message_id, recent.message_id}
     assert not WebhookAttempt.objects.exists()
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("WEBHOOK_TIMEOUT_SECONDS", 0, "WEBHOOK_TIMEOUT_SECONDS must be > 0"),
+        ("WEBHOOK_TIMEOUT_SECONDS", 301, "at most 300"),
+        ("WEBHOOK_RETRY_SCHEDULE", [], "WEBHOOK_RETRY_SCHEDULE must be a non-empty list"),
+        ("WEBHOOK_RETRY_SCHEDULE", [5, -1], "WEBHOOK_RETRY_SCHEDULE must be"),
+        ("WEBHOOK_DISABLE_AFTER", 0, "WEBHOOK_DISABLE_AFTER must be a positive duration"),
+        ("WEBHOOK_ROTATION_GRACE", -5, "WEBHOOK_ROTATION_GRACE must be a positive duration"),
+        ("WEBHOOK_ALLOW_PRIVATE", "yes", "WEBHOOK_ALLOW_PRIVATE must be True or False"),
+        ("WEBHOOK_EVENT_TYPES", "order.paid", "WEBHOOK_EVENT_TYPES must be a list"),
+    ],
+)
+def test_bad_webhook_settings_are_named(key: str, value: Any, words: str) -> None:
+    from feishu_inbox.conf import checked_settings
+    from feishu_inbox.errors import ConfigurationError
+
+    with override_settings(FEISHU_INBOX={key: value}), pytest.raises(ConfigurationError) as bad:
+        checked_settings()
+    assert words in bad.value.message
+
+
+def test_webhook_durations_may_be_given_in_seconds() -> None:
+    from feishu_inbox.conf import checked_settings
+
+    with override_settings(FEISHU_INBOX={"WEBHOOK_DISABLE_AFTER": 3600}):
+        assert checked_settings().WEBHOOK_DISABLE_AFTER == timedelta(hours=1)
