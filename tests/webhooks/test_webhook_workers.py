@@ -289,3 +289,21 @@ def test_an_endpoints_rate_limit_is_kept_across_workers(workers: Workers, receiv
     times = sorted(r["at"] for r in receiver.accepted())
     assert len(times) == 20
     assert times[-1] - times[0] >= 2.8, times[-1] - times[0]
+
+
+def test_a_deleted_endpoints_pending_deliveries_end_and_free_their_keys(
+    workers: Workers, receivers: Any
+) -> None:
+    receiver = receivers("deleted")
+    uid, secret = add(receiver)
+    receiver.options["secrets"] = [secret]
+    receiver.start()
+    webhooks.disable(uid)
+    for n in range(2):
+        webhooks.publish("order.paid", {"key": "k", "seq": n}, key="k")
+    webhooks.delete(uid)
+    workers.start(**worker_env())
+    wait_for(settled(2), 60, "the deliveries to end", seen=jobs)
+    rows = EventJob.objects.filter(app="webhooks")
+    assert {(j.status, j.error_type) for j in rows} == {("completed", "WebhookEndpointDeleted")}
+    assert receiver.requests() == [] and not pauses.listed()
