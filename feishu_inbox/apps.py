@@ -18,9 +18,10 @@ class FeishuInboxConfig(AppConfig):
         from .conf import inbox_settings
         from .ledger import kinds
         from .tasks.jobs import TASK_KIND
+        from .webhooks.delivery import WEBHOOK_KIND
 
         # The kinds of job (ledger/kinds.py): each capability's, before any handler module.
-        for kind in (kinds.FEISHU_EVENTS, kinds.SCHEDULE_OCCURRENCES, TASK_KIND):
+        for kind in (kinds.FEISHU_EVENTS, kinds.SCHEDULE_OCCURRENCES, TASK_KIND, WEBHOOK_KIND):
             kinds.register(kind)
         from .workflows import ready as workflows_ready
 

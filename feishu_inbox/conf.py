@@ -112,6 +112,31 @@ class InboxSettings:
     #: Schedules whose target is named by dotted path: name -> {"cron", "handler", "tz",
     #: "catch_up", "max_catch_up", "partition"}; checked by ``schedules`` (E004).
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Outbound webhooks (docs/webhooks.md). One request's whole time (connect, send, read
+    #: the answer): past it the request is dropped and retried under the same webhook-id.
+    WEBHOOK_TIMEOUT_SECONDS: float = 15.0
+    #: Seconds before each retry of a delivery that got no answer, a 408/409/425/429 or a
+    #: 5xx (Svix's: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h); the last one repeats until the
+    #: endpoint succeeds or is disabled. A Retry-After the receiver sends wins when longer.
+    WEBHOOK_RETRY_SCHEDULE: tuple[float, ...] | list[float] = (
+        5,
+        300,
+        1800,
+        7200,
+        18000,
+        36000,
+        36000,
+    )
+    #: An endpoint whose every attempt failed for this long is disabled (its deliveries held).
+    WEBHOOK_DISABLE_AFTER: timedelta = timedelta(days=5)
+    #: After ``rotate_secret`` the old secret signs too (a second signature) for this long.
+    WEBHOOK_ROTATION_GRACE: timedelta = timedelta(hours=24)
+    #: Let endpoints reach private, loopback and link-local addresses (a site that sends to
+    #: its own network on purpose); off, such a URL is refused and never connected to.
+    WEBHOOK_ALLOW_PRIVATE: bool = False
+    #: The event types the site publishes; when set, ``publish`` and ``add_endpoint`` refuse
+    #: any other (``webhook_event_unknown``). Empty: any type of 1 to 128 characters.
+    WEBHOOK_EVENT_TYPES: tuple[str, ...] | list[str] = ()
 
     def validate(self) -> list[str]:
         """Every problem with these values, as sentences (empty when valid)."""
@@ -220,6 +245,7 @@ class InboxSettings:
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')."
             )
         problems += metrics_allow_problems(self.METRICS_ALLOW)
+        problems += webhook_problems(self)
         return problems
 
 
@@ -293,7 +319,14 @@ def unknown_keys() -> list[str]:
     return sorted(k for k in raw_settings() if k not in _FIELDS)
 
 
-_DURATIONS = ("COMPLETED_RETENTION", "UNKNOWN_RETENTION", "WORKER_RETENTION", "SIGNAL_KEEP")
+_DURATIONS = (
+    "COMPLETED_RETENTION",
+    "UNKNOWN_RETENTION",
+    "WORKER_RETENTION",
+    "SIGNAL_KEEP",
+    "WEBHOOK_DISABLE_AFTER",
+    "WEBHOOK_ROTATION_GRACE",
+)
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -340,4 +373,38 @@ def metrics_allow_problems(allow: object) -> list[str]:
             ipaddress.ip_network(network, strict=False)
         except ValueError:
             problems.append(f"METRICS_ALLOW: {network!r} is not a network (e.g. 10.0.0.0/8).")
+    return problems
+
+
+def webhook_problems(conf: InboxSettings) -> list[str]:
+    """What is wrong with the WEBHOOK_ settings, as sentences."""
+    problems = []
+    timeout = conf.WEBHOOK_TIMEOUT_SECONDS
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+        problems.append(f"WEBHOOK_TIMEOUT_SECONDS must be > 0 and at most 300 (got {timeout!r}).")
+    schedule = conf.WEBHOOK_RETRY_SCHEDULE
+    if (
+        not isinstance(schedule, list | tuple)
+        or not schedule
+        or not all(
+            isinstance(s, int | float) and not isinstance(s, bool) and s >= 0 for s in schedule
+        )
+    ):
+        problems.append(
+            "WEBHOOK_RETRY_SCHEDULE must be a non-empty list of seconds >= 0, e.g. "
+            f"[5, 300, 1800] (got {schedule!r})."
+        )
+    for name in ("WEBHOOK_DISABLE_AFTER", "WEBHOOK_ROTATION_GRACE"):
+        value = getattr(conf, name)
+        if not isinstance(value, timedelta) or value.total_seconds() <= 0:
+            problems.append(f"{name} must be a positive duration (got {value!r}).")
+    types = conf.WEBHOOK_EVENT_TYPES
+    if not isinstance(types, list | tuple) or not all(
+        isinstance(t, str) and 0 < len(t) <= 128 for t in types
+    ):
+        problems.append(f"WEBHOOK_EVENT_TYPES must be a list of event type names (got {types!r}).")
+    if not isinstance(conf.WEBHOOK_ALLOW_PRIVATE, bool):
+        problems.append(
+            f"WEBHOOK_ALLOW_PRIVATE must be True or False (got {conf.WEBHOOK_ALLOW_PRIVATE!r})."
+        )
     return problems

@@ -237,6 +237,44 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Fix what Feishu's code and message name (the content, the app's permissions or "
         "credentials, the chat), then requeue the job.",
     ),
+    # outbound webhooks (docs/webhooks.md)
+    "webhook_endpoint_invalid": (
+        "An endpoint was refused: its URL is not http(s), carries credentials or reaches a "
+        "private address, or its rate limit or event types are wrong; nothing was stored.",
+        "Fix what the message names (WEBHOOK_ALLOW_PRIVATE allows the site's own network).",
+    ),
+    "webhook_endpoint_unknown": (
+        "No webhook endpoint has this id.",
+        "`python manage.py inbox webhooks list` lists the endpoints and their ids (ep_...).",
+    ),
+    "webhook_endpoint_disabled": (
+        "The endpoint is disabled (an operator, a 410 Gone, or failing for "
+        "WEBHOOK_DISABLE_AFTER): its deliveries are held in order, not dropped.",
+        "Fix the receiver, then `inbox webhooks enable EP`: what it held is sent, in order.",
+    ),
+    "webhook_event_invalid": (
+        "publish() was refused: an event type or key of a wrong length, or a payload that is "
+        "not JSON data; nothing was published.",
+        "Publish JSON data (convert dates, decimals and models yourself), a short type and key.",
+    ),
+    "webhook_event_unknown": (
+        "The event type is not in FEISHU_INBOX['WEBHOOK_EVENT_TYPES']; nothing was stored.",
+        "Declare the event type in WEBHOOK_EVENT_TYPES, or fix its spelling.",
+    ),
+    "webhook_delivery_failed": (
+        "A delivery got no answer in time, a 3xx, a 408/409/425 or a 5xx: it is sent again, "
+        "same webhook-id, on WEBHOOK_RETRY_SCHEDULE until accepted or the endpoint disabled.",
+        "Nothing while it retries; the attempts show each answer of the receiver.",
+    ),
+    "webhook_delivery_rejected": (
+        "The receiver answered a 4xx but 408/409/410/425/429: the delivery ended unretried, "
+        "and the key's next message went on.",
+        "Fix the receiver or the payload, then replay it (`inbox webhooks replay`).",
+    ),
+    "webhook_delivery_throttled": (
+        "The receiver answered 429: the delivery is sent again after its Retry-After.",
+        "Nothing; lower the endpoint's rate_limit to what the receiver accepts.",
+    ),
     "database_unavailable": (
         "The database is down or locked past its timeout; the event was not stored (the "
         "webhook answers 503, the long connection ACKs code 500).",
@@ -541,3 +579,13 @@ class FeishuBusinessError(FeishuAPIError):
         "Feishu's code and message say what it refused (the message, the app's permissions "
         "or credentials, the chat); fix that, then run the job again."
     )
+
+
+class Concluded(BaseException):
+    """Raised by a job kind's run function to end its job ``completed`` with ``note`` kept as
+    its error type (what ``NoHandler`` does): running it again cannot help, and its partition
+    must go on (a webhook delivery the receiver rejected). Outside any effect."""
+
+    def __init__(self, note: str, message: str = "") -> None:
+        super().__init__(message or note)
+        self.note = note

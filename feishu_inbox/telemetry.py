@@ -167,3 +167,25 @@ DATABASE_OUTAGES = _counter(
     "by app, transport and cause (refused, too_many_clients, timeout, locked, other).",
     ("app", "transport", "cause"),
 )
+
+# --- outbound webhooks ----------------------------------------------------------------------
+
+#: outcome: accepted, rejected, retried, throttled, gone, timed_out, failed (no answer), held.
+#: No endpoint, URL or event type label: their number is the site's customers'.
+WEBHOOK_ATTEMPTS = _counter(
+    "feishu_inbox_webhook_attempts",
+    "Outbound webhook requests, by outcome.",
+    ("outcome",),
+)
+WEBHOOK_SECONDS = _histogram(
+    "feishu_inbox_webhook_request_duration_seconds",
+    "How long outbound webhook requests took (connect to the answer's first KiB), by outcome.",
+    ("outcome",),
+    DURATION_BUCKETS,
+)
+#: reason: gone (410), failing (every attempt failed for WEBHOOK_DISABLE_AFTER), operator.
+WEBHOOK_DISABLED = _counter(
+    "feishu_inbox_webhook_endpoints_disabled",
+    "Outbound webhook endpoints disabled, by reason.",
+    ("reason",),
+)

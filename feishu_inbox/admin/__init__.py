@@ -6,8 +6,9 @@ Reconcile and discard assert something about the outside world, so they go throu
 confirmation page (Django's two-step ``delete_selected`` pattern).
 
 One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard), ``schedules``,
-``pauses`` (what is paused), ``workers`` (every worker's heartbeat row) and ``batches`` (the
-workflows: batches, parents' waits for children, chains); ``actions`` (the
+``pauses`` (what is paused), ``workers`` (every worker's heartbeat row), ``batches`` (the
+workflows: batches, parents' waits for children, chains) and ``webhooks`` (outbound webhook
+endpoints, messages and their attempts); ``actions`` (the
 operator actions on jobs), ``filters``, ``dashboard`` (its figures) and ``common`` (what the
 pages share) serve them. Registered here.
 """
@@ -18,10 +19,12 @@ from django.contrib import admin
 
 from ..models import EventJob, Pause, Schedule, WorkerBeat
 from ..tables.batches import Batch
+from ..tables.webhooks import WebhookEndpoint, WebhookMessage
 from .batches import BatchAdmin
 from .jobs import EventJobAdmin
 from .pauses import PauseAdmin
 from .schedules import ScheduleAdmin
+from .webhooks import WebhookEndpointAdmin, WebhookMessageAdmin
 from .workers import WorkerBeatAdmin
 
 admin.site.register(EventJob, EventJobAdmin)
@@ -29,5 +32,15 @@ admin.site.register(Schedule, ScheduleAdmin)
 admin.site.register(Pause, PauseAdmin)
 admin.site.register(WorkerBeat, WorkerBeatAdmin)
 admin.site.register(Batch, BatchAdmin)
+admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
+admin.site.register(WebhookMessage, WebhookMessageAdmin)
 
-__all__ = ["BatchAdmin", "EventJobAdmin", "PauseAdmin", "ScheduleAdmin", "WorkerBeatAdmin"]
+__all__ = [
+    "BatchAdmin",
+    "EventJobAdmin",
+    "PauseAdmin",
+    "ScheduleAdmin",
+    "WebhookEndpointAdmin",
+    "WebhookMessageAdmin",
+    "WorkerBeatAdmin",
+]

@@ -34,13 +34,16 @@ class PurgeResult:
     partitions_deleted: int = 0
     #: Signals kept for a waiter past SIGNAL_KEEP, which no job took (SPEC §9e).
     signals_deleted: int = 0
+    #: Outbound webhook messages (and their attempts) past retention, none still pending.
+    webhook_messages_deleted: int = 0
 
     def __str__(self) -> str:
         return (
             f"deleted {self.completed_deleted} completed jobs past retention; "
             f"expired {self.unknown_expired} unknown jobs; "
             f"removed {self.partitions_deleted} idle chats with no job left; "
-            f"dropped {self.signals_deleted} kept signals no job waited for"
+            f"dropped {self.signals_deleted} kept signals no job waited for; "
+            f"deleted {self.webhook_messages_deleted} webhook messages past retention"
         )
 
 
@@ -70,7 +73,46 @@ def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") 
             lambda: store().purge_idle_partitions(batch), batch, max_batches
         ),
         signals_deleted=store().purge_expired_signals(),
+        webhook_messages_deleted=_in_batches(
+            lambda: purge_webhook_messages(retention, batch), batch, max_batches
+        ),
     )
+
+
+#: The ledger's app of outbound webhook deliveries (``webhooks/publishing.py``).
+WEBHOOKS_APP = "webhooks"
+
+
+def purge_webhook_messages(retention_seconds: float, batch: int) -> int:
+    """One batch of outbound webhook messages published more than ``retention_seconds`` ago
+    whose deliveries have all completed (their attempts go with them): a message a delivery
+    still holds, or may still send (held, retrying), stays. Returns how many were deleted (a
+    full batch: call again; a batch held back by pending ones ends this purge's round)."""
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from ..models import EventJob, Status
+    from ..tables.webhooks import WebhookMessage
+
+    before = timezone.now() - timedelta(seconds=retention_seconds)
+    old = list(
+        WebhookMessage.objects.filter(created_at__lt=before)
+        .order_by("id")
+        .values_list("id", "uid")[:batch]
+    )
+    if not old:
+        return 0
+    live = set(
+        EventJob.objects.filter(app=WEBHOOKS_APP)
+        .exclude(status=Status.COMPLETED)
+        .values_list("payload__message", flat=True)
+    )
+    done = [pk for pk, uid in old if uid not in live]
+    with transaction.atomic():
+        WebhookMessage.objects.filter(pk__in=done).delete()
+    return len(done)
 
 
 def purge_if_due(worker_id: str) -> PurgeResult | None:

@@ -184,3 +184,13 @@ def dashboard(*, shown: int = 20, minutes: int = 10) -> Dashboard:
         completions_per_minute=per_minute,
         generated_at=now,
     )
+
+
+def unfinished_with_key_prefix(app: str, prefix: str) -> bool:
+    """Whether a job of ``app`` whose dedupe key starts with ``prefix`` has not completed (a
+    webhook delivery that a replay would only repeat: it will be sent anyway)."""
+    return (
+        EventJob.objects.filter(app=app, dedupe_key__startswith=prefix)
+        .exclude(status=Status.COMPLETED)
+        .exists()
+    )

@@ -17,7 +17,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .. import telemetry, tracing
-from ..errors import Cancelled, Deferred, InvalidState, LeaseLost, Superseded, Suspended
+from ..errors import (
+    Cancelled,
+    Concluded,
+    Deferred,
+    InvalidState,
+    LeaseLost,
+    Superseded,
+    Suspended,
+)
 from ..ledger import pauses
 from ..ledger import rules as ledger
 from ..ledger.kinds import RESULT_STEP, WORKFLOW_EVENT_PREFIX
@@ -257,6 +265,8 @@ class Executor:
             return self._ended(ctx, self._finish(ctx, superseded=True), exc)
         except Cancelled as exc:
             return self._ended(ctx, self._finish(ctx, note="Cancelled"), exc)
+        except Concluded as done:  # its kind ends it here: completed, why kept (no retry)
+            return self._ended(ctx, self._finish(ctx, note=done.note[:128]), done)
         except LeaseLost:
             raise
         except BaseException as exc:  # SystemExit too: the job ends now, its cause recorded

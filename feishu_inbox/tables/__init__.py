@@ -1,4 +1,5 @@
 """Tables beside ``models.py`` (which is at the module line limit), each a leaf that imports
-only Django: ``flow`` (rate buckets, concurrency slots, pauses: SPEC §9c) and ``batches``
-(workflows' batches and their members' events: SPEC §9f). ``models.py`` imports them, so
+only Django: ``flow`` (rate buckets, concurrency slots, pauses: SPEC §9c), ``batches``
+(workflows' batches and their members' events: SPEC §9f) and ``webhooks`` (outbound
+webhooks' endpoints, messages and attempts: SPEC §9h). ``models.py`` imports them, so
 Django finds them as the app's models; their names are also importable from there."""

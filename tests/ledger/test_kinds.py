@@ -19,20 +19,20 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def webhooks() -> Iterator[kinds.JobKind]:
+def exports() -> Iterator[kinds.JobKind]:
     """A kind as a capability adds one: its jobs all run one function."""
     ran: list[str] = []
     kind = kinds.JobKind(
-        "webhook",
-        "outbound webhook deliveries",
-        "webhook:",
+        "export",
+        "data exports",
+        "export:",
         run=lambda event: ran.append(event.event_id),
         timeout=lambda event_type: 15.0,
         describe_error=lambda error: ("DeliveryFailed", str(error)),
     )
     kinds.register(kind)
     yield kind
-    kinds.unregister("webhook")
+    kinds.unregister("export")
 
 
 def test_the_built_in_kinds_are_registered_when_the_app_is_ready() -> None:
@@ -40,37 +40,39 @@ def test_the_built_in_kinds_are_registered_when_the_app_is_ready() -> None:
         "event": "Feishu events",
         "schedule": "schedule occurrences",
         "task": "django.tasks tasks",
+        "webhook": "outbound webhook deliveries",
     }
     assert kinds.kind_of("im.message.receive_v1").name == "event"
+    assert kinds.kind_of("webhook:ep_1").name == "webhook"
     assert kinds.kind_of("schedule.nightly").name == "schedule"
     assert kinds.kind_of("task:app.tasks.send").name == "task"
 
 
 def test_a_registered_kind_is_what_the_worker_runs_and_the_admin_and_cli_offer(
-    webhooks: kinds.JobKind, rf: object
+    exports: kinds.JobKind, rf: object
 ) -> None:
-    for event_id, event_type in [("e1", "im.message.receive_v1"), ("w1", "webhook:orders")]:
+    for event_id, event_type in [("e1", "im.message.receive_v1"), ("w1", "export:orders")]:
         ledger.enqueue(event_id=event_id, event_type=event_type, partition_key=event_id, payload={})
-    assert registry.handler_for("webhook:orders", {}) is webhooks.run
-    assert registry.timeout_for("webhook:orders") == 15.0
-    assert registry.describe_error("webhook:orders", ValueError("410")) == (
+    assert registry.handler_for("export:orders", {}) is exports.run
+    assert registry.timeout_for("export:orders") == 15.0
+    assert registry.describe_error("export:orders", ValueError("410")) == (
         "DeliveryFailed",
         "410",
     )
     jobs = EventJob.objects.all()
-    assert [j.event_id for j in kinds.of_kind(jobs, "webhook")] == ["w1"]
+    assert [j.event_id for j in kinds.of_kind(jobs, "export")] == ["w1"]
     assert [j.event_id for j in kinds.of_kind(jobs, "event")] == ["e1"]  # no longer its own
-    assert ("webhook", "outbound webhook deliveries") in KindFilter.lookups(
+    assert ("export", "data exports") in KindFilter.lookups(
         KindFilter.__new__(KindFilter),
         None,
         None,  # type: ignore[arg-type]
     )
     out = StringIO()
-    call_command("inbox", "list", "--kind", "webhook", stdout=out, stderr=StringIO())
+    call_command("inbox", "list", "--kind", "export", stdout=out, stderr=StringIO())
     assert "w1" in out.getvalue() and "e1" not in out.getvalue()
 
 
-def test_two_kinds_cannot_claim_one_prefix(webhooks: kinds.JobKind) -> None:
-    with pytest.raises(ValueError, match="has the prefix 'webhook:' of kind 'webhook'"):
-        kinds.register(kinds.JobKind("hooks", "hooks", "webhook:"))
-    assert "hooks" not in kinds.choices()
+def test_two_kinds_cannot_claim_one_prefix(exports: kinds.JobKind) -> None:
+    with pytest.raises(ValueError, match="has the prefix 'export:' of kind 'export'"):
+        kinds.register(kinds.JobKind("exports", "exports", "export:"))
+    assert "exports" not in kinds.choices()

@@ -27,14 +27,15 @@ LAYERS = {
     "feishu": 4,
     "schedules": 4,
     "tasks": 4,
+    "webhooks": 4,
     "monitoring": 4,
     "workflows": 4,
     "admin": 5,
     "management": 5,
     "templatetags": 5,
 }
-#: ``waiting`` and ``tables`` hold the waits', the workflows' and flow control's tables:
-#: leaves beside ``models`` (which is at the line limit).
+#: ``waiting`` and ``tables`` hold the waits', the workflows', the outbound webhooks' and flow
+#: control's tables: leaves beside ``models`` (which is at the line limit).
 LEAVES = {
     "errors",
     "conf",
