@@ -55,6 +55,19 @@ WORKFLOW_EVENT_PREFIX = "wf:"
 RESULT_STEP = "feishu_inbox:result"
 
 
+#: The key of a parent's wait for its children (``workflows.children_key``): no one signals it,
+#: a batch of them delivers it.
+CHILDREN_KEY_PREFIX = "\x1fchildren:"
+
+
+def describe_key(key: str, *, signal: str = "the signal", time: str = "its time") -> str:
+    """What a wait of this key waits for, in words: a signal, its time, or children."""
+    if key.startswith(CHILDREN_KEY_PREFIX):
+        mode, count, _ = key[len(CHILDREN_KEY_PREFIX) :].split(":", 2)
+        return f"{'all' if mode == 'all' else 'any'} of its {count} children"
+    return f"{signal} {key!r}" if key else time
+
+
 @dataclass(frozen=True)
 class JobKind:
     """One kind of job: its jobs' event types start with ``prefix`` ("": the catch-all)."""

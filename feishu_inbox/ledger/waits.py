@@ -28,6 +28,7 @@ from ..store import Row, store
 from ..store.base import aware
 from ..store.waits import PARKED_PREFIX
 from .fencing import why_not_held
+from .kinds import describe_key
 from .operators import Outcome
 from .payloads import MAX_JSON_DEPTH, object_deeper_than
 
@@ -318,7 +319,7 @@ class WaitView:
 
     @property
     def what(self) -> str:
-        return f"signal {self.key!r}" if self.key else "its time (a sleep)"
+        return describe_key(self.key, signal="signal", time="its time (a sleep)")
 
 
 def waits_of(job_ids: list[int]) -> dict[int, WaitView]:

@@ -43,7 +43,7 @@ from ..store import store
 from ..store.schema import BATCHES_NOTICE
 from ..tables.batches import Batch, BatchEvent, BatchKind, BatchState
 from .fencing import why_not_held
-from .kinds import RESULT_STEP
+from .kinds import CHILDREN_KEY_PREFIX, RESULT_STEP
 
 log = logging.getLogger("feishu_inbox.ledger")
 
@@ -54,8 +54,6 @@ ENDED = (Status.COMPLETED.value, Status.FAILED.value)
 TASK_RESULT_STEP = "django.tasks:return_value"
 #: A spawn's memo: a step of the parent.
 SPAWN_PREFIX = "spawn:"
-#: The wait key of a parent's wait for its children (nobody signals it: a batch delivers it).
-CHILDREN_KEY_PREFIX = "\x1fchildren:"
 #: The most events one ``fire_ready`` folds (the rest wait for the next call).
 FOLD_LIMIT = 2000
 

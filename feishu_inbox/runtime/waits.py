@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import telemetry
 from ..errors import LedgerError, Suspended, WaitRefused, WaitTimedOut
-from ..ledger.kinds import kind_of
+from ..ledger.kinds import describe_key, kind_of
 from . import context, handlers, writes
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def outcome(name: str, memo: Any) -> Any:
     ctx = context.current()
     event = ctx.event
     key = memo.key
-    what = f"the signal {key!r}" if key else "its time"
+    what = describe_key(key)
     if memo.state == OPEN:
         raise Suspended(name, what)
     if memo.waited is not None:

@@ -195,3 +195,65 @@ def test_operator_resumes_a_waiting_job_from_its_page(
     assert [line[1:3] for line in workers.lines("waited")] == [["stuck-approval", "null"]]
     assert len(workers.lines("ran", "stuck-approval")) == 1  # the step before: once
     assert len(workers.lines("effect", "stuck-approval")) == 1
+
+
+def test_operator_sees_a_workflows_tree_and_cancels_it_in_the_browser(
+    live_server: Any, browser_page: Any, workers: Workers
+) -> None:
+    """A real worker's parent waits for three running children; the operator sees the tree on
+    the parent's page, follows it to the Workflows page and cancels the workflow there: the
+    children stop, the parent resumes with their outcomes and ends."""
+    from feishu_inbox import ledger
+    from feishu_inbox.tables.batches import Batch
+
+    shots = ROOT / "artifacts" / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    parent = ledger.enqueue(
+        event_id="tree",
+        event_type="test.fanout",
+        partition_key="chat-tree",
+        payload={"n": 3, "steps": ["checkpoints:300"]},
+    ).job_id
+    workers.start("--concurrency", "4")
+
+    def fresh_count(**where: object) -> int:
+        connection.close()
+        return EventJob.objects.filter(**where).count()
+
+    wait_for(
+        lambda: (
+            fresh_count(parent_id=parent, status="running") == 3
+            and fresh_count(pk=parent, status="waiting") == 1
+        ),
+        60,
+        "the parent to wait for its three running children",
+    )
+    user = User.objects.create_user("oncall", password="s3cret-pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="feishu_inbox",
+            codename__in=["view_eventjob", "manage_workflow"],
+        )
+    )
+    page = browser_page.new_page()
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/feishu_inbox/eventjob/{parent}/change/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector("text=Descendants by state")
+    main = page.inner_text("#content-main")
+    assert "3 running" in main and main.count("test.wf_child") == 3
+    page.screenshot(path=str(shots / "workflow-tree.png"), full_page=True)
+    batch = Batch.objects.get(parent_id=parent)
+    page.click(f"text=batch #{batch.pk}")
+    page.wait_for_selector("text=members by state")
+    page.goto(f"{live_server.url}/admin/feishu_inbox/batch/")
+    page.check(f'input[name="_selected_action"][value="{batch.pk}"]')
+    page.select_option('select[name="action"]', "cancel_workflow")
+    page.click('button[name="index"]')
+    page.wait_for_selector(".messagelist")
+    assert "3 members cancelled (3 running: asked to stop)" in page.inner_text(".messagelist")
+    page.screenshot(path=str(shots / "workflow-cancelled.png"), full_page=True)
+    wait_for(lambda: fresh_count(pk=parent, status="completed") == 1, 60, "the parent to end")
+    assert fresh_count(parent_id=parent, status="completed", error_type="Cancelled") == 3
+    assert [line[2:5] for line in workers.lines("resumed", "tree")] == [["3", "0", "0"]]
