@@ -51,7 +51,7 @@ class BatchAdmin(ReadOnly, admin.ModelAdmin):
     search_fields = ["description", "=id", "=parent_id"]
     ordering = ["-id"]
     list_per_page = 100
-    actions = ["cancel_workflow", "retry_failed_members"]
+    actions = ["cancel_workflow", "retry_failed_members", "fire_broken_again"]
     readonly_fields = [
         "kind",
         "state",
@@ -63,6 +63,7 @@ class BatchAdmin(ReadOnly, admin.ModelAdmin):
         "callbacks_shown",
         "chain_shown",
         "fired",
+        "error",
         "description",
         "created_at",
         "closed_at",
@@ -132,6 +133,22 @@ class BatchAdmin(ReadOnly, admin.ModelAdmin):
     def retry_failed_members(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
         batches = list(queryset)
         self._report(request, batches, "requeued", workflows.retry_failed(b.pk for b in batches))
+
+    @admin.action(
+        description="Fire broken batches again (once what broke them is fixed)",
+        permissions=["manage"],
+    )
+    def fire_broken_again(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
+        batches = list(queryset)
+        again = workflows.fire_again(b.pk for b in batches)
+        LogEntry.objects.log_actions(
+            request.user.pk,  # type: ignore[arg-type]
+            batches,
+            CHANGE,
+            change_message=f"fired {again} broken batches again",
+        )
+        level = messages.SUCCESS if again else messages.WARNING
+        self.message_user(request, f"{again} broken batches will fire again.", level)
 
     def _report(
         self, request: HttpRequest, batches: list[Batch], doing: str, outcome: Outcome

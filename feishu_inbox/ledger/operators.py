@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..models import EventJob, Resolution, Status
 from ..store import store
+from .kinds import CHILDREN_KEY_PREFIX, RESULT_STEP
 
 #: What to do instead, when an action meets a job of another state.
 _HINTS = {
@@ -139,12 +140,16 @@ def cancel(job_ids: Iterable[int]) -> Outcome:
     asked to stop (``Outcome.pending``): its handler stops at its next checkpoint or effect
     with ``Cancelled``, and it ends ``completed`` (``unknown`` if an effect is uncertain).
 
-    A cancelled parent's unfinished children are cancelled too, and theirs (SPEC §9f): they
-    are in ``Outcome.done`` / ``pending`` beside it. A child spawned meanwhile is refused
-    (its parent's row is locked by both), so none escapes."""
-    outcome = CANCEL.apply(job_ids)
-    seen = set(outcome.done) | set(outcome.pending)
-    level = list(seen)
+    The unfinished children of every job asked for are cancelled too, and theirs (SPEC §9f),
+    whether that job was cancelled now or had ended (a fire-and-forget parent; a cancel
+    repeated after one that died midway): they are in ``Outcome.done`` / ``pending``. A child
+    spawned meanwhile is refused (its parent's row is locked by both), so none escapes."""
+    requested = list(dict.fromkeys(job_ids))
+    outcome = CANCEL.apply(requested)
+    # From every job asked for, cancelled now or not (a parent that ended, or whose cancel an
+    # earlier call made before it died): cancelling a parent again reaches its children.
+    seen = set(requested)
+    level = requested
     while level:
         below = [c for c in _unfinished_children(level) if c not in seen]
         seen.update(below)
@@ -174,7 +179,13 @@ def replay(job_ids: Iterable[int], *, from_step: str | None = None) -> Outcome:
     every step that started after it."""
     outcome = Outcome()
     for job_id in dict.fromkeys(job_ids):
-        found = store().replay(job_id, resolution=Resolution.REPLAYED, from_step=from_step)
+        found = store().replay(
+            job_id,
+            resolution=Resolution.REPLAYED,
+            from_step=from_step,
+            forget_waits=CHILDREN_KEY_PREFIX,  # a new generation of children (SPEC §9f)
+            forget_step=RESULT_STEP,
+        )
         if found.unknown_step:
             outcome.refused[job_id] = _unknown_step("replay", job_id, from_step)
         elif found.changed:

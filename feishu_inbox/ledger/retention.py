@@ -36,6 +36,8 @@ class PurgeResult:
     signals_deleted: int = 0
     #: Outbound webhook messages (and their attempts) past retention, none still pending.
     webhook_messages_deleted: int = 0
+    #: Workflows' batches that fired more than the retention ago (SPEC §9f).
+    batches_deleted: int = 0
 
     def __str__(self) -> str:
         return (
@@ -43,7 +45,8 @@ class PurgeResult:
             f"expired {self.unknown_expired} unknown jobs; "
             f"removed {self.partitions_deleted} idle chats with no job left; "
             f"dropped {self.signals_deleted} kept signals no job waited for; "
-            f"deleted {self.webhook_messages_deleted} webhook messages past retention"
+            f"deleted {self.webhook_messages_deleted} webhook messages past retention; "
+            f"deleted {self.batches_deleted} fired batches past retention"
         )
 
 
@@ -76,7 +79,29 @@ def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") 
         webhook_messages_deleted=_in_batches(
             lambda: purge_webhook_messages(retention, batch), batch, max_batches
         ),
+        batches_deleted=_in_batches(
+            lambda: purge_fired_batches(retention, batch), batch, max_batches
+        ),
     )
+
+
+def purge_fired_batches(retention_seconds: float, batch: int) -> int:
+    """One batch of workflows' batches that fired (or whose chain ended) more than
+    ``retention_seconds`` ago: their members and callbacks are jobs of their own, purged by
+    theirs. A batch not fired yet stays, and so do its completed members (SPEC §9f)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ..tables.batches import Batch, BatchState
+
+    before = timezone.now() - timedelta(seconds=retention_seconds)
+    old = list(
+        Batch.objects.filter(state=BatchState.FIRED, fired_at__lt=before)
+        .order_by("id")
+        .values_list("id", flat=True)[:batch]
+    )
+    return Batch.objects.filter(id__in=old).delete()[0] if old else 0
 
 
 #: The ledger's app of outbound webhook deliveries (``webhooks/publishing.py``).

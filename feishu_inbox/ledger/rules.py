@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from .. import telemetry, tracing
 from ..conf import checked_settings
@@ -250,8 +250,14 @@ def fire_batches() -> int:
 
     wakeups.batches_due.clear()
     folded = 0
-    while (done := workflows.fire_ready()) >= workflows.FOLD_LIMIT:
-        folded += done
+    try:
+        while (done := workflows.fire_ready()) >= workflows.FOLD_LIMIT:
+            folded += done
+    except DatabaseError as exc:
+        # Never the claim's failure: what was not folded or fired waits for the next look.
+        log.warning("folding the batches' events failed (%s); trying again later", exc)
+        wakeups.batches_due.set()
+        return folded
     return folded + done
 
 
@@ -463,7 +469,8 @@ def finish_batch(
     jobs with ``claimed_with`` and that token."""
     if not finishes and limit < 1:
         return [], []
-    _maybe_sweep()
+    if not _maybe_sweep() and wakeups.batches_due.is_set():
+        fire_batches()
     ended, rows = store().finish_batch(
         worker_id,
         finishes,

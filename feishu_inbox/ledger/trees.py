@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import Count, Q
 
 from ..models import EventJob, Status
-from ..tables.batches import Batch, BatchState
+from ..tables.batches import Batch, BatchKind, BatchState
 from .operators import Outcome, cancel, requeue
 from .workflows import ENDED
 
@@ -98,8 +98,13 @@ def retry_failed(batch_ids: Iterable[int]) -> Outcome:
 
 def open_batches_by_kind() -> dict[tuple[str, str], int]:
     """Batches not fired yet, by kind and state (the partial index on unfired batches)."""
+    from ..waiting import Wait
+
+    # A parent's wait that timed out or was cancelled leaves its batch closed: it counts no more.
+    gone = Wait.objects.exclude(state="open").values("id")
     rows = (
         Batch.objects.exclude(state=BatchState.FIRED)
+        .exclude(kind=BatchKind.CHILDREN, wait_id__in=gone)
         .values("kind", "state")
         .annotate(n=Count("id"))
         .order_by()
@@ -111,3 +116,17 @@ def member_counts(batch_id: int) -> dict[str, int]:
     """How many of a batch's members are in each state."""
     rows = EventJob.objects.filter(batch_id=batch_id).values("status").annotate(n=Count("id"))
     return {row["status"]: row["n"] for row in rows.order_by()}
+
+
+def fire_again(batch_ids: Iterable[int]) -> int:
+    """An operator fires broken batches again (what broke their firing was fixed: a task
+    restored, a payload made smaller): ``ready``, for the next worker. Returns how many."""
+    from ..store import store
+    from ..store.schema import BATCHES_NOTICE
+
+    again = Batch.objects.filter(id__in=list(batch_ids), state=BatchState.BROKEN).update(
+        state=BatchState.READY, error=""
+    )
+    if again:
+        store().notify(BATCHES_NOTICE)
+    return again

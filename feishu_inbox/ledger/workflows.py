@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -168,7 +169,9 @@ def outcomes(job_ids: Sequence[int], *, results: bool = True) -> list[Outcome]:
 
 
 def _lock_parent(lease: Any) -> Any:
-    """The running parent's row, locked (fenced): its generation, and refusals."""
+    """The running parent's row, locked (fenced), its chat's row first (the ledger's lock
+    order: an ordered child is enqueued in that chat): its generation, and refusals."""
+    store().lock_partitions([lease.partition_key])
     row = (
         EventJob.objects.select_for_update()
         .filter(
@@ -238,8 +241,9 @@ def children_key(job_ids: Sequence[int], mode: str) -> str:
 
 def await_children(lease: Any, *, wait_id: int, job_ids: Sequence[int], mode: str) -> bool:
     """Attach the children to a batch that delivers the parent's open wait ``wait_id`` when all
-    of them (``mode="all"``) or one (``"any"``) ended; if that is so already, deliver it now.
-    Idempotent: a wait that has its batch keeps it. True when the wait was delivered now."""
+    of them (``mode="all"``) or one (``"any"``) ended; if that is so already, deliver it now
+    (right after, in the batch's own transaction). Idempotent: a wait that has its batch keeps
+    it. True when the wait was delivered now."""
     with store().transaction():
         parent = _lock_parent(lease)
         if Batch.objects.filter(wait_id=wait_id).exists():
@@ -273,12 +277,14 @@ def await_children(lease: Any, *, wait_id: int, job_ids: Sequence[int], mode: st
             closed_at=timezone.now(),
         )
         EventJob.objects.filter(id__in=job_ids).update(batch_id=batch.pk)
+        telemetry.BATCHES.labels(batch.kind, "opened").inc()
         if not _done(batch):
-            telemetry.BATCHES.labels(batch.kind, "opened").inc()
             return False
-        _fire(batch)
-        batch.save()
-        return True
+        # Done already: fired right after this commit (``fire_batch``), in the ledger's lock
+        # order, not under the job rows held here; a crash between leaves it to a sweep.
+        batch.state = BatchState.READY
+        batch.save(update_fields=["state"])
+    return bool(fire_batch(batch.pk))
 
 
 def _refuse_awaited(rows: Iterable[Any], whose: str) -> None:
@@ -396,10 +402,22 @@ def _close(batch: Batch) -> None:
 
 
 def fire_ready(limit: int = FOLD_LIMIT) -> int:
-    """Fold the members' events into their batches and fire those now done (module
-    docstring). Returns how many events it folded; 0 when another worker holds them."""
-    if not BatchEvent.objects.exists():  # a read: no write lock taken for nothing (SQLite)
-        return 0
+    """Fold the members' events into their batches (one transaction: the events deleted, the
+    counts moved, the batches now done set ``ready``), then fire each ready batch in a
+    transaction of its own. Returns how many events it folded (0: none, or another worker
+    holds them) plus how many batches it fired."""
+    folded = _fold(limit) if BatchEvent.objects.exists() else 0  # a read: no lock for nothing
+    fired = 0
+    for batch_id in (
+        Batch.objects.filter(state=BatchState.READY)
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    ):
+        fired += fire_batch(batch_id)
+    return folded + fired
+
+
+def _fold(limit: int) -> int:
     with store().transaction():
         events = list(
             BatchEvent.objects.select_for_update(skip_locked=True)
@@ -414,12 +432,37 @@ def fire_ready(limit: int = FOLD_LIMIT) -> int:
             deltas[batch_id] += delta
         for batch in Batch.objects.select_for_update().filter(id__in=deltas).order_by("id"):
             batch.pending += deltas[batch.pk]
-            if batch.state == BatchState.STOPPED and batch.pending > 0:
-                batch.state = BatchState.CLOSED  # its failed link was requeued: it goes on
+            if batch.state == BatchState.STOPPED:
+                # Its link moved (requeued, replayed; perhaps ended again since): look again.
+                batch.state = BatchState.CLOSED
             if batch.state == BatchState.CLOSED and _done(batch):
-                _fire(batch)
-            batch.save()
+                batch.state = BatchState.READY
+            batch.save(update_fields=["pending", "state"])
     return len(events)
+
+
+def fire_batch(batch_id: int) -> int:
+    """Fire one ready batch, in a transaction of its own, its row locked first (then the
+    ledger's own order: a key, partitions, jobs). 1 when it fired (or moved its chain on), 0
+    when another worker did. Its firing raising anything but a database error marks it
+    ``broken`` with why, for an operator: nothing of it happened, and the others go on."""
+    try:
+        with store().transaction():
+            batch = Batch.objects.select_for_update().filter(id=batch_id).first()
+            if batch is None or batch.state != BatchState.READY:
+                return 0
+            _fire(batch)
+            batch.save()
+        return 1
+    except DatabaseError:
+        raise
+    except Exception as exc:
+        log.exception("batch %s could not fire; it is marked broken", batch_id)
+        Batch.objects.filter(id=batch_id, state=BatchState.READY).update(
+            state=BatchState.BROKEN, error=f"{type(exc).__name__}: {exc}"[:2000]
+        )
+        telemetry.BATCHES.labels("any", "broken").inc()
+        return 0
 
 
 def _done(batch: Batch) -> bool:
@@ -429,7 +472,7 @@ def _done(batch: Batch) -> bool:
 
 
 def _fire(batch: Batch) -> None:
-    """The batch's one firing (its row locked, in the transaction that folds its last end)."""
+    """The batch's one firing (its row locked; ``fire_batch``'s transaction)."""
     members = list(
         EventJob.objects.filter(batch_id=batch.pk).order_by("id").values_list("id", flat=True)
     )
@@ -492,12 +535,13 @@ def _advance_chain(batch: Batch, members: list[int]) -> None:
         return
     spec, batch.links = batch.links[0], batch.links[1:]
     batch.position += 1
-    # The finished link leaves the batch (a replay of it later moves nothing), the next joins.
-    EventJob.objects.filter(id=link.job_id).update(batch_id=None)
+    # The next link joins, then the finished one leaves (a replay of it later moves nothing):
+    # its partition is locked before any job row, as the ledger's order goes.
     job_id = enqueue_spec(
         spec, {"previous": link.result, "chain": batch.pk, "index": batch.position}
     )
     EventJob.objects.filter(id=job_id).update(batch_id=batch.pk)
+    EventJob.objects.filter(id=link.job_id).update(batch_id=None)
     batch.pending = 1
     batch.total += 1
     batch.fired_jobs = [*batch.fired_jobs, job_id]

@@ -69,8 +69,11 @@ class Listener:
             flags.schedules_changed.set()
             return
         if partition_key == wakeups.BATCHES_NOTICE:
-            wakeups.batches_due.set()  # a member ended: fire what is done (SPEC §9f)
-            flags.wake.set()
+            # A member ended: the next claim folds (SPEC §9f). A burst of ends wakes the main
+            # loop once, until a fold takes the flag down.
+            if not wakeups.batches_due.is_set():
+                wakeups.batches_due.set()
+                flags.wake.set()
             return
         flags.wake.set()
         held = self._crew.slots.held()

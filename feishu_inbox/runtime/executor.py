@@ -249,14 +249,8 @@ class Executor:
             else:
                 returned.append(fn(ctx.event))
             value = returned[0] if returned else None
-            # A workflow's job: its parent, batch or chain reads its result (SPEC §9f); the
-            # result an earlier attempt recorded stays.
-            if (
-                value is not None
-                and event.event_id.startswith(WORKFLOW_EVENT_PREFIX)
-                and not steps.memoized(ctx, RESULT_STEP)[0]
-            ):
-                steps.record(ctx, RESULT_STEP, value, 0.0)
+            if value is not None and event.event_id.startswith(WORKFLOW_EVENT_PREFIX):
+                steps.record_result(ctx, RESULT_STEP, value)
         except Deferred as wait:
             return attempts.defer(ctx, wait), None
         except Suspended as waiting:

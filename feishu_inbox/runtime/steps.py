@@ -23,6 +23,7 @@ import asyncio
 import functools
 import inspect
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -30,6 +31,8 @@ from typing import Any, TypeVar, overload
 from .. import telemetry, tracing
 from ..errors import DuplicateStep, LedgerError
 from . import context, handlers, writes
+
+log = logging.getLogger("feishu_inbox.handlers")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -181,3 +184,34 @@ def record(ctx: context.JobContext, name: str, value: Any, took: float) -> Any:
     if ctx.memo is not None:
         ctx.memo[name] = decoded
     return decoded
+
+
+def record_result(ctx: context.JobContext, name: str, value: Any) -> None:
+    """A workflow job's return value, memoized as its result (SPEC §9f) once its handler
+    returned: what its parent, batch or chain reads. Not JSON data: logged and not recorded
+    (the job's work is done; failing it now would only run its effects again). A result an
+    earlier attempt recorded stays (that attempt returned; its finish was lost)."""
+    from ..errors import DuplicateStep
+    from ..ledger import rules as ledger
+
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        log.warning(
+            "job %s returned a %s, which is not JSON data (%s): no result recorded for its "
+            "workflow",
+            ctx.event.job_id,
+            type(value).__name__,
+            exc,
+        )
+        return
+    try:
+        writes.write(
+            ctx,
+            "record the result of",
+            lambda retrying: ledger.record_step(
+                ctx.lease, name=name, result=text, took=0.0, retrying=retrying
+            ),
+        )
+    except DuplicateStep:
+        return

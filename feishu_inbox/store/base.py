@@ -318,9 +318,19 @@ class SqlStore(WaitStore):
             self.notify(key)
         return Transition(found=True, changed=True, status=changed["status"], job_id=job_id)
 
-    def replay(self, job_id: int, *, resolution: str, from_step: str | None = None) -> Transition:
+    def replay(
+        self,
+        job_id: int,
+        *,
+        resolution: str,
+        from_step: str | None = None,
+        forget_waits: str = "",
+        forget_step: str = "",
+    ) -> Transition:
         """completed → queued, at its place in its partition if no later job has run, else
-        as its newest job (a new id); refused while another live job has the same event."""
+        as its newest job (a new id); refused while another live job has the same event.
+        ``forget_waits``: the key prefix of waits its new run makes afresh; ``forget_step``:
+        a step its new run records again."""
         with self.transaction():
             key = self._lock_partition_of(job_id)
             if key is None:
@@ -343,6 +353,12 @@ class SqlStore(WaitStore):
                 self.execute("move_children", moved)
                 job_id = new_id
             self._forget_steps(job_id, from_step)
+            if forget_waits:
+                self.execute(
+                    "forget_waits_of_key", {"job_id": job_id, "prefix": f"{forget_waits}%"}
+                )
+            if forget_step:
+                self.execute("forget_step", {"job_id": job_id, "name": forget_step})
             replayed = self.row("replay", {"job_id": job_id, "resolution": resolution})
             assert replayed is not None  # completed, and the partition row is locked
             self.resync_heads([key])

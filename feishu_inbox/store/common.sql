@@ -366,6 +366,15 @@ RETURNING id
 -- The streamed replies of jobs about to be deleted (retention).
 DELETE FROM {card_stream} WHERE job_id IN {job_ids}
 
+-- forget_waits_of_key --
+-- A replayed parent's waits for its children (SPEC §9f, their keys' prefix): its new run
+-- spawns a new generation and waits for it afresh, whatever the wait's name.
+DELETE FROM {wait} WHERE job_id = %(job_id)s AND key LIKE %(prefix)s
+
+-- forget_step --
+-- A replayed workflow job's result (SPEC §9f): its new run records its own.
+DELETE FROM {step} WHERE job_id = %(job_id)s AND name = %(name)s
+
 -- move_children --
 -- A replayed parent's children follow it to its new id: its tree keeps every generation
 -- (SPEC §9f; its earlier batches keep the old id, as history).

@@ -97,6 +97,9 @@ SELECT pg_notify('{channel}', left(%(partition_key)s, 200))
 -- are skipped.
 SELECT id FROM {job}
 WHERE status = '{completed}' AND finished_at < feishu_inbox_now_plus(-%(seconds)s)
+  -- a member of a batch not fired yet stays: its outcome and result are read when it fires
+  AND (batch_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM {batch} b WHERE b.id = batch_id AND b.state <> 'fired'))
 ORDER BY finished_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 

@@ -104,6 +104,9 @@ SELECT key FROM {partition} WHERE key IN {keys} ORDER BY key
 -- SKIP LOCKED (one writer).
 SELECT id FROM {job}
 WHERE status = '{completed}' AND finished_at < feishu_inbox_now_plus(-%(seconds)s)
+  -- a member of a batch not fired yet stays: its outcome and result are read when it fires
+  AND (batch_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM {batch} b WHERE b.id = batch_id AND b.state <> 'fired'))
 ORDER BY finished_at LIMIT %(limit)s
 
 -- idle_partitions --

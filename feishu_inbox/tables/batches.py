@@ -29,11 +29,17 @@ class BatchState(models.TextChoices):
     OPEN = "open", "open"
     #: No member may be added; it fires when enough of them ended.
     CLOSED = "closed", "closed"
+    #: Enough members ended: its firing is due (a worker fires it in a transaction of its own).
+    READY = "ready", "ready"
     #: It fired: its callbacks were enqueued, its waiter resumed, or its chain moved on (or
     #: ended). Exactly once: one conditional update of this row decides it.
     FIRED = "fired", "fired"
-    #: A chain whose link failed or was cancelled: held, visible, until that link is requeued.
+    #: A chain whose link failed or was cancelled: held, visible, until that link runs again
+    #: (requeued, or replayed).
     STOPPED = "stopped", "stopped"
+    #: Its firing raised (a callback's task no longer importable, a result too deep for a
+    #: payload): nothing of it happened; ``error`` says why. An operator fires it again.
+    BROKEN = "broken", "broken"
 
 
 class Batch(models.Model):
@@ -59,8 +65,10 @@ class Batch(models.Model):
     created_at = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)
     fired_at = models.DateTimeField(null=True, blank=True)
-    #: The jobs its firing enqueued (callbacks; a chain's next link).
+    #: The jobs its firing enqueued (callbacks; a chain's links, each in turn).
     fired_jobs = models.JSONField(default=list, blank=True)
+    #: Why its firing broke (``BROKEN``).
+    error = models.TextField(blank=True, default="")
 
     class Meta:
         verbose_name_plural = "batches"
@@ -76,6 +84,12 @@ class Batch(models.Model):
                 fields=["state", "id"],
                 name="feishu_inbox_batch_state",
                 condition=~models.Q(state="fired"),
+            ),
+            # Fired batches past retention (ledger/retention.py).
+            models.Index(
+                fields=["fired_at"],
+                name="feishu_inbox_batch_fired",
+                condition=models.Q(state="fired"),
             ),
         ]
         permissions = [("manage_workflow", "Can cancel a workflow or retry its failed members")]

@@ -355,9 +355,7 @@ def test_a_failed_link_stops_the_chain_until_it_is_requeued() -> None:
     assert Batch.objects.get(pk=handle.id).state == BatchState.STOPPED
     assert not EventJob.objects.filter(event_type="test.ship").exists()
     ledger.requeue([handle.job_ids[0]])
-    fire()
-    assert Batch.objects.get(pk=handle.id).state == BatchState.CLOSED
-    complete(handle.job_ids[0], 1)
+    complete(handle.job_ids[0], 1)  # before any worker folded the requeue
     fire()
     assert EventJob.objects.get(event_type="test.ship").payload == {"previous": 1}
 
@@ -427,3 +425,118 @@ def test_a_replayed_parent_spawns_a_new_generation_and_keeps_the_old_as_history(
         complete(kid, "new")
     fire()
     assert run(claim_job(replayed), body) == ("returned", ["new", "new"])
+
+
+def test_a_batch_whose_firing_breaks_is_marked_broken_and_the_others_still_fire() -> None:
+    from feishu_inbox.ledger import trees
+
+    broken = feishu_inbox.batch(["test.member"], on_complete="test.always")
+    healthy = feishu_inbox.batch(["test.member"], on_complete="test.always")
+    # What its firing enqueues can no longer be (a callback's task renamed by a deploy).
+    Batch.objects.filter(pk=broken.id).update(
+        callbacks={
+            "complete": {
+                "target": "gone.task",
+                "task": True,
+                "payload": {},
+                "args": [],
+                "key": None,
+                "app": None,
+            }
+        }
+    )
+    complete(broken.job_ids[0])
+    complete(healthy.job_ids[0])
+    fire()
+    assert Batch.objects.get(pk=broken.id).state == BatchState.BROKEN
+    assert "gone" in Batch.objects.get(pk=broken.id).error
+    assert Batch.objects.get(pk=healthy.id).state == BatchState.FIRED
+    assert EventJob.objects.filter(event_type="test.always").count() == 1
+    # Fixed (here: the callback made a handler's again), an operator fires it again.
+    Batch.objects.filter(pk=broken.id).update(
+        callbacks={"complete": feishu_inbox.job("test.always").as_dict()}
+    )
+    assert trees.fire_again([broken.id, healthy.id]) == 1
+    fire()
+    assert Batch.objects.get(pk=broken.id).state == BatchState.FIRED
+    assert EventJob.objects.filter(event_type="test.always").count() == 2
+
+
+def test_cancelling_an_ended_parent_again_reaches_its_unfinished_children() -> None:
+    parent = enqueue("p1")
+    claimed = claim_job(parent)
+    _, kids = run(claimed, lambda: feishu_inbox.spawn_many("test.child", [{}, {}]))
+    ledger.finish(claimed.lease)  # fire and forget: the parent ended, its children did not
+    outcome = ledger.cancel([parent])
+    assert parent in outcome.refused
+    assert sorted(outcome.done) == sorted(k.job_id for k in kids)
+    assert {status(k.job_id) for k in kids} == {Status.COMPLETED}
+
+
+def test_a_replayed_parent_waits_afresh_under_its_waits_own_name() -> None:
+    parent = enqueue("p1")
+
+    def body() -> Any:
+        kids = feishu_inbox.spawn_many("test.child", [{}])
+        return [r.result for r in feishu_inbox.wait_all(kids, name="tools")]
+
+    run(claim_job(parent), body)
+    [first] = EventJob.objects.filter(parent_id=parent).values_list("id", flat=True)
+    complete(first, "old")
+    fire()
+    claimed = claim_job(parent)
+    assert run(claimed, body) == ("returned", ["old"])
+    ledger.finish(claimed.lease)
+    replayed = ledger.replay([parent]).moved.get(parent, parent)
+    assert run(claim_job(replayed), body) == ("suspended", "waiting")
+    [new] = (
+        EventJob.objects.filter(parent_id=replayed).exclude(pk=first).values_list("id", flat=True)
+    )
+    complete(new, "new")
+    fire()
+    assert run(claim_job(replayed), body) == ("returned", ["new"])
+
+
+def test_completed_members_of_a_batch_not_fired_are_kept_past_retention() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from feishu_inbox.ledger.retention import purge
+
+    handle = feishu_inbox.batch(["test.member", "test.member"], on_complete="test.always")
+    complete(handle.job_ids[0], "kept")
+    claimed = claim_job(handle.job_ids[1])
+    ledger.begin_effect(claimed.lease)
+    ledger.finish(claimed.lease)  # unknown: it holds the batch
+    loner = enqueue("loner", chat="c2")
+    complete(loner)
+    fire()
+    long_ago = timezone.now() - timedelta(days=30)
+    EventJob.objects.filter(status="completed").update(finished_at=long_ago)
+    purge()
+    assert EventJob.objects.filter(pk=handle.job_ids[0]).exists()  # its batch has not fired
+    assert not EventJob.objects.filter(pk=loner).exists()
+    ledger.reconcile([handle.job_ids[1]], applied=True)
+    fire()
+    assert [o.result for o in handle.outcomes()] == ["kept", None]
+    Batch.objects.filter(pk=handle.id).update(fired_at=long_ago)
+    EventJob.objects.filter(status="completed").update(finished_at=long_ago)
+    result = purge()
+    assert result.batches_deleted == 1 and not Batch.objects.filter(pk=handle.id).exists()
+
+
+def test_a_workflow_jobs_result_that_is_not_json_is_logged_not_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from feishu_inbox.runtime import steps
+
+    handle = feishu_inbox.batch(["test.member"])
+    claimed = claim_job(handle.job_ids[0])
+    with InHandler(claimed) as ctx:
+        steps.record_result(ctx, RESULT_STEP, object())  # a handler returned an object
+        steps.record_result(ctx, RESULT_STEP, {"first": 1})
+        steps.record_result(ctx, RESULT_STEP, {"second": 2})  # the first recorded stays
+    assert "not JSON data" in caplog.text
+    ledger.finish(claimed.lease)
+    assert [o.result for o in handle.outcomes()] == [{"first": 1}]
