@@ -182,7 +182,9 @@ def _ledger_families() -> list[Any]:
             following = spec.cron.after(row.watermark) if row else None
             upcoming.add_metric([name], following.timestamp() if following else 0.0)
         families += [last, upcoming]
-    return families
+    from .database import database_families
+
+    return families + database_families()
 
 
 def _running_per_worker() -> list[tuple[str, int]]:

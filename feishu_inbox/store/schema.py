@@ -40,6 +40,9 @@ SCHEDULES_NOTICE = "feishu_inbox.schedules"
 #: The NOTIFY payload a stopping worker sends so that its own listener wakes and ends at once
 #: (other workers ignore it).
 STOPPING_NOTICE = "feishu_inbox.stopping"
+#: The prefix of a listener's probe (``listener.py``): a NOTIFY it sends itself, to learn that
+#: notices reach it. Every listener ignores the others'.
+PROBE_NOTICE = "feishu_inbox.probe:"
 
 QUEUED = Status.QUEUED.value
 RUNNING = Status.RUNNING.value
