@@ -149,7 +149,7 @@ def encode_answer(answer: dict[str, Any]) -> bytes:
 
 #: The database's own words for each cause of an outage the metrics count.
 _CAUSES = (
-    ("read_only", ("read-only transaction", "recovery", "hot standby")),
+    ("read_only", ("read-only", "recovery", "hot standby")),
     (
         "too_many_clients",
         ("too many clients", "remaining connection slots", "too many connections"),
