@@ -34,3 +34,13 @@ def message(event: Event) -> None:
         with feishu_inbox.effect():
             record("effect", event.event_id, pid)
     record("end", event.event_id, pid, time.monotonic_ns())
+
+
+NOOP_TYPE = "test.topology.noop"
+
+
+@feishu_inbox.handler(NOOP_TYPE)
+def noop(event: Event) -> None:
+    """A no-op job of the held-snapshot test: its enqueue time (the host's monotonic clock, in
+    the payload) and its start."""
+    record("noop", event.event_id, event.payload["t0"], time.monotonic_ns())
