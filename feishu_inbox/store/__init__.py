@@ -10,7 +10,9 @@ operations call stored functions (``functions/``), loaded by migrations.
 - ``base``: what both stores share (running named queries, the operations composed of them);
   ``waits``: the waits' transactions (the signal key's lock, a chat given back and taken again,
   a card's click decided);
-- ``postgres`` and ``sqlite``: one store each;
+- ``postgres`` and ``sqlite``: one store each; ``listener``: a PostgreSQL worker's LISTEN,
+  probed before it is trusted and subscribed again after a break or a failover; ``outages``:
+  the errors (SQLSTATEs) that mean the database is away, not that a statement is wrong;
 - ``queries``: named SQL read from the ``.sql`` files; ``schema``: table names, statuses and
   shared SQL fragments; ``migration``: the operation that loads a stored-function file.
 
