@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -206,3 +206,59 @@ def test_a_primary_killed_under_load_and_its_standby_promoted_needs_no_operator(
         # What the standby had settles without anyone: completed, or unknown where it had an
         # effect's start but not its end (the ledger never guesses whether it happened).
         assert {status for status, _ in rows.values()} <= {"completed", "unknown"}
+
+
+def test_a_read_only_server_is_the_database_away_never_a_jobs_failure(workers: Workers) -> None:
+    """What sessions meet on a server that stopped being the primary under them (a failover
+    that kept them, a pooler still pointing there): every write refused with SQLSTATE 25006.
+    Here the test database turns read-only under running handlers (its default, and every
+    session ended so that each new one is read-only), then writable again: their effects'
+    starts are tried again on new connections, and every job completes once, no attempt
+    spent, no effect twice, nobody acting."""
+    from django.db import connection
+
+    from tests.support.worker_helpers import enqueue
+
+    name = connection.settings_dict["NAME"]
+    ids = [enqueue(f"ro-{n}", ["gate:go", "effect"], partition=f"chat-{n}") for n in range(8)]
+    proc = workers.start("--concurrency", "4")
+    wait_for(lambda: len(workers.lines("start")) == 4, 60, "four handlers at their gate")
+    with connection.cursor() as cur:
+        cur.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    try:
+        workers.open_gate("go")
+        wait_for(
+            lambda: "read-only transaction" in workers.stderr(proc),
+            60,
+            "the worker to meet the read-only server",
+        )
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    wait_all_completed_ids(ids, 120, lambda: workers.stderr(proc))
+    effects = Counter(line[1] for line in workers.lines("effect"))
+    assert effects == {f"ro-{n}": 1 for n in range(8)}, effects
+    assert set(EventJob.objects.values_list("attempt", flat=True)) == {1}
+    assert "database_error" not in workers.stderr(proc)
+
+
+def wait_all_completed_ids(ids: list[int], timeout: float, stderr: Callable[[], str]) -> None:
+    from django.db import connection
+
+    def settled() -> object:
+        connection.close()
+        found = Counter(EventJob.objects.filter(pk__in=ids).values_list("status", flat=True))
+        return (
+            found
+            if found == {"completed": len(ids)} or {"failed", "unknown"} & set(found)
+            else False
+        )
+
+    wait_for(settled, timeout, "every job to complete", seen=stderr)
+    assert Counter(EventJob.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        "completed": len(ids)
+    }, stderr()

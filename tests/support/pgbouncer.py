@@ -56,7 +56,9 @@ class PgBouncer:
     def url(self, database: str, user: str = "postgres") -> str:
         return f"postgres://{user}@127.0.0.1:{self.port}/{database}"
 
-    def start(self) -> PgBouncer:
+    def start(self, *, per_test: bool = True) -> PgBouncer:
+        """Start it; ``per_test``: the test's (its log shown when it fails, killed after it),
+        else the suite's (stopped when the pytest process exits)."""
         if not Path(PGBOUNCER).exists():
             raise AssertionError(
                 "no pgbouncer here: apt-get install pgbouncer (make setup installs it as root)"
@@ -92,7 +94,8 @@ logfile = {self.log}
             command = [PGBOUNCER, "-u", SERVER_USER, str(ini)]
         with open(self.dir / "stderr", "wb") as stderr:  # the child keeps its own copy
             self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-        started(f"pgbouncer :{self.port}", self.read_log, self.proc)
+        if per_test:
+            started(f"pgbouncer :{self.port}", self.read_log, self.proc)
         wait_for(
             lambda: port_open(self.port) or self.proc is None or self.proc.poll() is not None,
             30,
@@ -140,7 +143,8 @@ def topology_env(direct_url: str, name: str) -> dict[str, str]:
         return {}
     parts = urlsplit(direct_url)
     if not _suite_bouncer:
-        bouncer = PgBouncer(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+        bouncer = PgBouncer(parts.hostname or "127.0.0.1", parts.port or 5432)
+        bouncer.start(per_test=False)
         _suite_bouncer.append(bouncer)
         atexit.register(bouncer.stop)
     return pooled_env(direct_url, _suite_bouncer[0], listen=name == "pgbouncer")
