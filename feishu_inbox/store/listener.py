@@ -68,6 +68,11 @@ def listen(
                 token = f"{PROBE_NOTICE}{secrets.token_hex(8)}"
                 probe(token)
                 if _heard(conn, token, wake, done):
+                    log.info(
+                        "wake-ups: LISTEN on %s:%s, a probe came back",
+                        conn.info.host,
+                        conn.info.port,
+                    )
                     listening(True)
                     wake("")  # anything enqueued before we listened
                     _relay(conn, wake, done)

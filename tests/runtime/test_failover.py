@@ -150,8 +150,7 @@ def test_a_primary_killed_under_load_and_its_standby_promoted_needs_no_operator(
         "TOPOLOGY_EFFECTS": "1",
         "TOPOLOGY_WORK": "0.01",
     }
-    for _ in range(2):
-        workers.start("--concurrency", "4", **worker_env)
+    procs = [workers.start("--concurrency", "4", **worker_env) for _ in range(2)]
     feishu = Deliveries(f"http://127.0.0.1:{port}/feishu/events/")
     try:
         with ThreadPoolExecutor(1) as poster:
@@ -184,6 +183,12 @@ def test_a_primary_killed_under_load_and_its_standby_promoted_needs_no_operator(
         f"{len(lost)} of them lost, {len(unknown)} ended unknown, "
         f"{sum(n > 1 for n in effects.values())} effects twice"
     )
+    for proc in procs:  # each worker's listener subscribed again on the new primary, alone
+        wait_for(
+            lambda proc=proc: f"LISTEN on 127.0.0.1:{replica.standby_port}" in workers.stderr(proc),
+            60,
+            "the listener to subscribe on the new primary",
+        )
     if replica.synchronous:
         assert lost == [], f"{len(lost)} acknowledged events lost with a synchronous standby"
         assert all(rows[e][0] == "completed" for e in acknowledged)
