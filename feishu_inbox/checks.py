@@ -117,19 +117,18 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register(Tags.compatibility, deploy=True)
 def check_wakeups(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """``check --deploy`` says how this site's workers learn of new events, and what that
-    costs an event that arrives while they are idle."""
+    """``check --deploy`` says how the workers of a site that chose its PostgreSQL topology
+    (a pooler, LISTEN_URL, POLL_ONLY) learn of new events, and what that costs an event that
+    arrives while they are idle. The default (LISTEN on the database) says nothing."""
     try:
         conf = inbox_settings()
     except (ConfigurationError, TypeError):
         return []
     default = connections["default"]
-    if default.vendor != "postgresql":
-        how = (
-            f"workers poll every POLL_INTERVAL ({conf.POLL_INTERVAL:g}s; {default.vendor} "
-            "pushes no wake-ups): a new event waits up to that long for an idle worker"
-        )
-    elif conf.POLL_ONLY or (conf.TRANSACTION_POOLER and not conf.LISTEN_URL):
+    chosen = conf.TRANSACTION_POOLER or conf.POLL_ONLY or bool(conf.LISTEN_URL)
+    if default.vendor != "postgresql" or not chosen:
+        return []
+    if conf.POLL_ONLY or (conf.TRANSACTION_POOLER and not conf.LISTEN_URL):
         how = (
             f"poll-only: workers look at the ledger every POLL_INTERVAL ({conf.POLL_INTERVAL:g}s"
             "), so a new event waits up to that long (half on average) for an idle worker, "

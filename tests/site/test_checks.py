@@ -234,7 +234,7 @@ def test_a_transaction_pooler_refuses_what_needs_a_session(
 @pytest.mark.parametrize(
     ("settings", "words"),
     [
-        ({}, "LISTEN on DATABASES['default']"),
+        ({"LISTEN_URL": "postgres://db/app"}, "LISTEN on LISTEN_URL (direct):"),
         ({"TRANSACTION_POOLER": True, "LISTEN_URL": "postgres://db/app"}, "LISTEN_URL (direct)"),
         ({"TRANSACTION_POOLER": True, "POLL_ONLY": True}, "poll-only"),
     ],
@@ -247,3 +247,12 @@ def test_check_deploy_says_how_workers_are_woken_and_what_it_costs(
             m for m in run_checks(include_deployment_checks=True) if m.id == "feishu_inbox.I001"
         ]
     assert len(found) == 1 and words in found[0].msg, found
+
+
+def test_check_deploy_says_nothing_of_the_default_wakeups() -> None:
+    """A site that chose no topology (LISTEN on its database, or SQLite's polling) gets no
+    message: ``check --deploy`` stays clean."""
+    with override_settings(FEISHU_INBOX={"APPS": APPS}):
+        assert not [
+            m for m in run_checks(include_deployment_checks=True) if m.id == "feishu_inbox.I001"
+        ]
