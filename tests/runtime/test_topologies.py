@@ -77,11 +77,12 @@ def deliver(url: str, chats: int, per_chat: int) -> dict[str, list[str]]:
         return dict(zip(names, pool.map(one_chat, names), strict=True))
 
 
-def assert_once_in_chat_order(workers: Workers, order: dict[str, list[str]]) -> None:
-    """Every event's last run ended once, each chat's runs in their receipt order and never
-    two of one chat at once (a killed run started again is a run that never ended)."""
-    ended = {line[1]: int(line[3]) for line in workers.lines("end")}
-    assert len(workers.lines("end")) == len(ended), "an event ran to its end twice"
+def assert_in_chat_order(workers: Workers, order: dict[str, list[str]]) -> None:
+    """Every event's run ended, each chat's in their receipt order and never two of one chat
+    at once. (A run may end twice without an effect: a worker killed between its handler's
+    return and its finish's commit leaves the job to run again (docs/guarantees.md); the
+    ledger completes it once.)"""
+    ended = {line[1]: int(line[3]) for line in workers.lines("end")}  # the last run's
     starts: dict[str, int] = {}
     for line in workers.lines("start"):
         starts[line[1]] = int(line[3])  # the last start: the run that ended
@@ -113,6 +114,7 @@ def test_webhook_and_killed_workers_through_pgbouncer_run_each_event_once_in_ord
     }
     try:
         procs = [workers.start("--concurrency", "4", **worker_env) for _ in range(2)]
+        peak_clients = peak_servers = 0
         with ThreadPoolExecutor(1) as poster:
             posted = poster.submit(deliver, f"http://127.0.0.1:{port}/feishu/events/", 8, 30)
             for kill in range(4):  # each worker killed twice while deliveries and jobs run
@@ -122,6 +124,8 @@ def test_webhook_and_killed_workers_through_pgbouncer_run_each_event_once_in_ord
                     120,
                     "jobs to run before the next kill",
                 )
+                clients, servers = connections_of(bouncer)
+                peak_clients, peak_servers = max(peak_clients, clients), max(peak_servers, servers)
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.wait(30)
                 procs[kill % 2] = workers.start("--concurrency", "4", **worker_env)
@@ -131,10 +135,18 @@ def test_webhook_and_killed_workers_through_pgbouncer_run_each_event_once_in_ord
     total = sum(len(ids) for ids in order.values())
     assert total == 240, "every delivery was answered 200"
     wait_all_completed(total, 240, lambda: workers.stderr(procs[0]))
-    assert_once_in_chat_order(workers, order)
-    # The pool held at most its size of server connections while 2 workers x (4 slots + their
-    # side threads) and the webhook's threads asked for more.
-    assert bouncer.pool_size < 2 * 4
+    assert_in_chat_order(workers, order)
+    # Under load, more clients than the pool has server connections: the workers' slots and
+    # side threads and the webhook's processes took turns on at most its size.
+    assert peak_clients > bouncer.pool_size >= peak_servers, (peak_clients, peak_servers)
+
+
+def connections_of(bouncer: PgBouncer) -> tuple[int, int]:
+    """The test database's client and server connections at PgBouncer now."""
+    database = subprocess_database_url().rsplit("/", 1)[1]
+    clients = [c for c in bouncer.show("CLIENTS") if c["database"] == database]
+    servers = [c for c in bouncer.show("SERVERS") if c["database"] == database]
+    return len(clients), len(servers)
 
 
 def start_latencies(workers: Workers, events: int, *, spacing: float) -> list[float]:

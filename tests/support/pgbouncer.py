@@ -84,6 +84,7 @@ server_reset_query =
 server_check_delay = 1
 server_login_retry = 1
 ignore_startup_parameters = extra_float_digits,options
+admin_users = postgres
 logfile = {self.log}
 """
         )
@@ -104,6 +105,16 @@ logfile = {self.log}
         if self.proc.poll() is not None:
             raise AssertionError(f"pgbouncer exited at start:\n{self.read_log()}")
         return self
+
+    def show(self, what: str) -> list[dict[str, object]]:
+        """Its admin console's ``SHOW <what>`` (CLIENTS, SERVERS, POOLS), as dicts."""
+        import psycopg
+        from psycopg.rows import dict_row
+
+        console = psycopg.connect(self.url("pgbouncer"), autocommit=True, row_factory=dict_row)
+        with console:
+            # the console takes the simple query protocol only
+            return list(console.execute(f"SHOW {what}", prepare=False).fetchall())
 
     def read_log(self) -> str:
         text = ""
