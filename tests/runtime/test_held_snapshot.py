@@ -1,11 +1,13 @@
 """Another session holds a snapshot open (an analytics query, a forgotten transaction) while
-jobs flow: vacuum can remove none of the row versions the hot path leaves, yet enqueue ->
-start stays bounded, and the metrics show the dead tuples piling up and the snapshot's age
-(docs/production.md, "PostgreSQL topology"; the alert FeishuInboxVacuumHeldBack).
+jobs flow: vacuum can remove none of the row versions the hot path leaves. The metrics show
+the dead tuples piling up and the snapshot's age (docs/production.md, "PostgreSQL topology";
+the alert FeishuInboxVacuumHeldBack), and enqueue -> start does not collapse.
 
-The issue's figure is 10 minutes at 300 jobs/s, p99 at the end within 2x the p99 before:
-bench/held_snapshot.py measures that (docs/benchmarks.md). Here, a shorter hold at a lower
-rate, with a bound that leaves room for a loaded machine.
+The issue's goal is a 10-minute hold at 300 jobs/s with the last minute's p99 within 2x the
+p99 before: bench/held_snapshot.py measures it, and it is missed today (6.1x, docs/
+benchmarks.md: each claim walks the dead entries of its partial index). Here a 45-second
+hold at 150 jobs/s, held to a bound that catches a collapse (4x, or 250 ms on a loaded
+machine), not to the goal.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def scrape(port: int) -> str:
         return response.read().decode()
 
 
-def test_a_held_snapshot_leaves_the_hot_path_bounded_and_shows_in_the_metrics(
+def test_a_held_snapshot_shows_in_the_metrics_and_the_hot_path_does_not_collapse(
     workers: Workers, snapshot_holder: psycopg.Connection
 ) -> None:
     port = free_port()
@@ -109,5 +111,5 @@ def test_a_held_snapshot_leaves_the_hot_path_bounded_and_shows_in_the_metrics(
         f"\nenqueue -> start p99: {baseline * 1000:.1f} ms before the snapshot, "
         f"{end * 1000:.1f} ms in the last {HOLD / 3:.0f} s of a {HOLD:.0f} s hold at {RATE} jobs/s"
     )
-    # The goal (bench/held_snapshot.py): within 2x. Here: 4x, and 250 ms for a loaded machine.
+    # Not the goal (2x, bench/held_snapshot.py): a collapse guard, with room for a loaded machine.
     assert end <= max(4 * baseline, 0.25), (baseline, end)
