@@ -21,7 +21,7 @@ PY := $(VENV)/bin/python
 # test database (test_feishu_inbox_<hash>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/feishu_inbox_$(shell pwd | cksum | cut -d' ' -f1)
 
-.PHONY: demo docs bytecode setup postgres test test-fast test-stress lint test-sqlite test-postgres test-postgres-outages test-stacks test-all clean
+.PHONY: demo docs bytecode setup postgres test test-fast test-stress lint test-sqlite test-postgres test-postgres-outages test-postgres-topologies test-stacks test-all clean
 
 # The virtual environment, with the demo's extra only (`make demo`: a fraction of the
 # development tools' size), or with everything the tests and the linters need (`.installed`).
@@ -87,13 +87,27 @@ test-sqlite: $(VENV)/.installed bytecode
 # test database (the SQLite suite runs them). Exit 5 is "no test selected" (a PYTEST_ARGS
 # selection without any of them).
 test-postgres: $(VENV)/.installed bytecode
-	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks" $(call junit,postgres) $(PYTEST_ARGS) || [ $$? = 5 ]
+	DATABASE_URL=$(PG_URL) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks and not topology" $(call junit,postgres) $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The tests that stop the whole cluster (a restart under load) run on a throwaway cluster of
 # their own (initdb on a free port; needs the server's binaries, which a PostgreSQL install
 # has), in one process, beside everything else: stopping it fails no other test.
 test-postgres-outages: $(VENV)/.installed bytecode
 	FEISHU_INBOX_READ_DOTENV=0 $(PY) -m tests.support.private_postgres $(PY) -m pytest -m stops_postgres $(call junit,postgres-outages) $(PYTEST_ARGS) || [ $$? = 5 ]
+
+# PostgreSQL in production's shapes (docs/production.md, "PostgreSQL topology"), beside the
+# other suites, on a database name of its own: the tests marked topology (each runs its own
+# PgBouncer, or a throwaway primary and a pg_basebackup standby on free ports: the failover,
+# the held snapshot), then the worker, steps, schedules, replies and streams tests again with
+# every subprocess behind PgBouncer in transaction mode (tests/support/pgbouncer.py).
+PG_URL_TOPOLOGIES ?= $(PG_URL)_topologies
+TOPOLOGY_SUITE = tests/runtime/test_worker.py tests/runtime/test_batches.py \
+  tests/runtime/test_steps.py tests/runtime/test_worker_faults.py \
+  tests/schedules/test_schedule_workers.py tests/feishu/test_http_server.py \
+  tests/feishu/test_reply_workers.py tests/feishu/test_stream_workers.py
+test-postgres-topologies: $(VENV)/.installed bytecode
+	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m topology $(call junit,postgres-topologies) $(PYTEST_ARGS) || [ $$? = 5 ]
+	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_TEST_TOPOLOGY=pgbouncer FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks and not topology" $(call junit,postgres-pgbouncer) $(if $(PYTEST_ARGS),$(PYTEST_ARGS),$(TOPOLOGY_SUITE)) || [ $$? = 5 ]
 
 # The built wheel installed into a clean virtual environment per stack the README names (each
 # Python 3.10-3.13 the machine has, with Django 5.2 or 6.x), the base package and then each
@@ -106,10 +120,12 @@ test-stacks: $(VENV)/.installed
 # browser tests and Prometheus with promtool for the metrics tests (they never skip: a run
 # without them fails), the PostgreSQL server's binaries (the tests that stop PostgreSQL run a
 # throwaway cluster of their own) and its client's pg_isready. make test-stress adds stress-ng.
+# PgBouncer (the topology suite runs its own, on free ports) too.
 SETUP_NEEDS = $(CHROMIUM)=chromium $(PROMETHEUS)=prometheus promtool=prometheus \
-  initdb=postgresql pg_isready=postgresql-client
-# A command is there if it is on PATH, or (initdb, pg_ctl) in Debian's PostgreSQL bindir.
-have = command -v "$$1" >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/"$$1" >/dev/null 2>&1
+  initdb=postgresql pg_isready=postgresql-client pgbouncer=pgbouncer
+# A command is there if it is on PATH, in /usr/sbin (pgbouncer), or (initdb, pg_ctl) in
+# Debian's PostgreSQL bindir.
+have = command -v "$$1" >/dev/null 2>&1 || [ -x /usr/sbin/"$$1" ] || ls /usr/lib/postgresql/*/bin/"$$1" >/dev/null 2>&1
 
 # Installs what is missing with apt-get (the package lists updated once, first) when it runs as
 # root, as CI and a fresh container do; otherwise says the one command that installs it all.
@@ -122,6 +138,9 @@ setup:
 	  echo "make $(or $(MAKECMDGOALS),test): missing $$missing; install it (Debian/Ubuntu): sudo apt-get update && sudo apt-get install -y $$missing"; exit 1; fi; \
 	echo "== make setup: apt-get install $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	case " $$missing " in *" pgbouncer "*) \
+	  echo "== make setup: the pgbouncer service the package starts is stopped and disabled (the tests run their own)"; \
+	  systemctl disable --now pgbouncer >/dev/null 2>&1 || service pgbouncer stop >/dev/null 2>&1 || true;; esac; \
 	for need in $(SETUP_NEEDS); do have "$${need%%=*}" || { \
 	  echo "make setup: still no $${need%%=*} after installing $${need#*=} (a path of your own? CHROMIUM=/path/to/chromium, PROMETHEUS=…)"; exit 1; }; done
 
@@ -141,9 +160,9 @@ postgres: setup
 # about as long as the longest one alone (each has its own database; PG_URL's is PostgreSQL's,
 # SQLite's a file of its own). --output-sync prints each one's output whole, when it ends; any failure fails it.
 test: setup postgres $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j5 --output-sync=target test-all
+	@$(MAKE) --no-print-directory -j6 --output-sync=target test-all
 
-test-all: lint test-sqlite test-postgres test-postgres-outages test-stacks
+test-all: lint test-sqlite test-postgres test-postgres-outages test-postgres-topologies test-stacks
 
 # The suites (the SQLite and PostgreSQL ones side by side, as make test runs them) N times back
 # to back while a CPU hog at nice 19 (stress-ng, else Python loops) takes every cycle they leave;
@@ -154,7 +173,7 @@ N ?= 1
 test-stress: SETUP_NEEDS += stress-ng=stress-ng
 test-stress: setup postgres $(VENV)/.installed bytecode
 	$(PY) -m tests.support.stress --rounds $(N) --out .stress -- \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-postgres-outages
+	  $(MAKE) --no-print-directory -j4 --output-sync=target test-sqlite test-postgres test-postgres-outages test-postgres-topologies
 
 test-fast: $(VENV)/.installed
 	env -u DATABASE_URL FEISHU_INBOX_READ_DOTENV=0 $(PY) -m pytest -x --failed-first -q -m "not stacks" $(PYTEST_ARGS)

@@ -225,13 +225,14 @@ def start_idle_worker(url: str, **env: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def latency(url: str, n: int, gap: float) -> tuple[float, float, float]:
+def latency(url: str, n: int, gap: float, **env: str) -> tuple[float, float, float]:
     """Enqueue -> handler start (p50, p99, max ms) with an idle worker: one job every ``gap``
-    seconds on a fixed schedule, whatever each enqueue takes (as the peers' probes do)."""
+    seconds on a fixed schedule, whatever each enqueue takes (as the peers' probes do).
+    ``env``: the worker's own settings (bench/pgbouncer.py: behind PgBouncer)."""
     from feishu_inbox import ledger
 
     out = Path(tempfile.mkdtemp()) / "latency.txt"
-    proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out))
+    proc = start_idle_worker(url, BENCH_LATENCY_FILE=str(out), **env)
     try:
         time.sleep(1.0)  # let the worker settle into its idle sleep (this is what we measure)
         start = time.monotonic()

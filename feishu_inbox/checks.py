@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import connections
 
 from .conf import APP_KEYS, inbox_settings, unknown_keys
@@ -61,6 +61,90 @@ def check_database_options(app_configs: Any = None, **kwargs: Any) -> list[Check
             id="feishu_inbox.W002",
         )
     ]
+
+
+@register(Tags.compatibility)  # reads settings only
+def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Behind a pooler in transaction mode nothing may rely on a server session lasting past
+    one transaction: no prepared statements of psycopg's, no server-side cursors, no LISTEN
+    through the pooler (docs/production.md, "PostgreSQL topology")."""
+    default = connections["default"]
+    try:
+        conf = inbox_settings()
+    except (ConfigurationError, TypeError):
+        return []  # reported by check_settings
+    found = store_for(default.vendor)
+    if found is None or not found.server_sessions or not conf.TRANSACTION_POOLER:
+        return []
+    messages: list[CheckMessage] = []
+    options = default.settings_dict.get("OPTIONS", {})
+    if options.get("prepare_threshold") is not None:
+        messages.append(
+            Error(
+                "TRANSACTION_POOLER is set, and psycopg prepares statements on the server "
+                f"(OPTIONS['prepare_threshold'] = {options['prepare_threshold']!r}): the "
+                "pooler runs the next use on another session, where the statement does not "
+                "exist (PgBouncer before 1.21).",
+                hint="Remove OPTIONS['prepare_threshold'] (Django's default, None, prepares "
+                "nothing), or upgrade PgBouncer to 1.21+ with max_prepared_statements set and "
+                "unset TRANSACTION_POOLER.",
+                id="feishu_inbox.E009",
+            )
+        )
+    if not default.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            Error(
+                "TRANSACTION_POOLER is set, but Django's server-side cursors are on: a "
+                "queryset's .iterator() opens a cursor in one transaction that the pooler may "
+                "look for in another session.",
+                hint="Set DISABLE_SERVER_SIDE_CURSORS = True in DATABASES['default'].",
+                id="feishu_inbox.E009",
+            )
+        )
+    if not (conf.LISTEN_URL or conf.POLL_ONLY):
+        messages.append(
+            Warning(
+                "TRANSACTION_POOLER is set without LISTEN_URL: a LISTEN through the pooler "
+                "hears nothing, so workers poll every POLL_INTERVAL "
+                f"({conf.POLL_INTERVAL:g}s): an idle worker starts a new event up to that "
+                "late.",
+                hint="Set FEISHU_INBOX['LISTEN_URL'] to a direct connection to the same "
+                "database (wake-ups in milliseconds), or POLL_ONLY = True to choose polling.",
+                id="feishu_inbox.W009",
+            )
+        )
+    return messages
+
+
+@register(Tags.compatibility, deploy=True)
+def check_wakeups(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``check --deploy`` says how the workers of a site that chose its PostgreSQL topology
+    (a pooler, LISTEN_URL, POLL_ONLY) learn of new events, and what that costs an event that
+    arrives while they are idle. The default (LISTEN on the database) says nothing."""
+    try:
+        conf = inbox_settings()
+    except (ConfigurationError, TypeError):
+        return []
+    default = connections["default"]
+    chosen = conf.TRANSACTION_POOLER or conf.POLL_ONLY or bool(conf.LISTEN_URL)
+    found = store_for(default.vendor)
+    if found is None or not found.server_sessions or not chosen:
+        return []
+    if conf.POLL_ONLY or (conf.TRANSACTION_POOLER and not conf.LISTEN_URL):
+        how = (
+            f"poll-only: workers look at the ledger every POLL_INTERVAL ({conf.POLL_INTERVAL:g}s"
+            "), so a new event waits up to that long (half on average) for an idle worker, "
+            "and each idle worker costs the database one claim per interval"
+        )
+    else:
+        where = "LISTEN_URL (direct)" if conf.LISTEN_URL else "DATABASES['default']"
+        pooled = " behind the pooler" if conf.TRANSACTION_POOLER else ""
+        how = (
+            f"LISTEN on {where}{pooled}: an idle worker is woken by NOTIFY within "
+            "milliseconds of a commit, one extra connection per worker process; until a "
+            f"probe shows notices arrive, it polls every {conf.POLL_INTERVAL:g}s"
+        )
+    return [Info(f"Wake-ups: {how}.", id="feishu_inbox.I001")]
 
 
 @register(Tags.security)

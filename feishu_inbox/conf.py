@@ -67,8 +67,24 @@ class InboxSettings:
     BATCH_WINDOW: float = 0.005
     #: Most finishes in one batch, and most jobs a worker holds in its buffer.
     BATCH_SIZE: int = 32
-    #: Longest a worker sleeps between looks at the ledger (SQLite has no NOTIFY).
+    #: Longest a worker sleeps between looks at the ledger when no wake-up is pushed to it
+    #: (SQLite, POLL_ONLY, or a LISTEN whose notices do not arrive).
     POLL_INTERVAL: float = 1.0
+    #: PostgreSQL: DATABASES["default"] goes through a pooler in transaction mode (PgBouncer
+    #: ``pool_mode = transaction``): consecutive transactions of one Django connection may run
+    #: on different server sessions. The hot statements are then never prepared on the server
+    #: (whatever PREPARE_STATEMENTS says), and a worker takes its wake-ups from LISTEN_URL, or
+    #: polls (POLL_ONLY): a LISTEN through the pooler hears nothing. docs/production.md,
+    #: "PostgreSQL topology".
+    TRANSACTION_POOLER: bool = False
+    #: PostgreSQL: a libpq connection string or URL of the same database reached directly (not
+    #: through the pooler) on which each worker LISTENs for wake-ups; it may name several hosts
+    #: (``host=a,b target_session_attrs=read-write``). Empty: DATABASES["default"]'s own.
+    LISTEN_URL: str = ""
+    #: PostgreSQL: no LISTEN at all; an idle worker looks at the ledger every POLL_INTERVAL
+    #: (a new job waits up to that long). For a site that can reach its database only
+    #: through a transaction pooler.
+    POLL_ONLY: bool = False
     #: Dotted paths of handler modules to import besides the autodiscovered ``feishu_handlers``.
     HANDLER_MODULES: tuple[str, ...] | list[str] = ()
     #: Feishu apps this site receives events for: name -> {"ENCRYPT_KEY", "VERIFICATION_TOKEN"}.
@@ -237,6 +253,16 @@ class InboxSettings:
             problems.append(f"BATCH_SIZE must be an integer from 1 to 1000 (got {size!r}).")
         if self.POLL_INTERVAL <= 0:
             problems.append(f"POLL_INTERVAL must be > 0 (got {self.POLL_INTERVAL}).")
+        if not isinstance(self.LISTEN_URL, str):
+            problems.append(
+                "LISTEN_URL must be a string: a connection string or postgres:// URL of the "
+                f"database reached directly (got {type(self.LISTEN_URL).__name__})."
+            )
+        elif self.LISTEN_URL and self.POLL_ONLY:
+            problems.append(
+                "LISTEN_URL and POLL_ONLY are both set: a worker either LISTENs on LISTEN_URL "
+                "or polls; unset one."
+            )
         if not isinstance(self.METRICS_TOKEN, str):
             problems.append("METRICS_TOKEN must be a string (a bearer token; empty: none).")
         elif self.METRICS_TOKEN and len(self.METRICS_TOKEN) < 16:

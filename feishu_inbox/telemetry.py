@@ -72,7 +72,8 @@ def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
 def _histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
     if prometheus_client is None:
         return _Nothing()
-    return _Labelled(prometheus_client.Histogram(name, doc, labels, buckets=buckets))
+    metric = prometheus_client.Histogram(name, doc, labels, buckets=buckets)
+    return _Labelled(metric) if labels else metric
 
 
 ENABLED = prometheus_client is not None
@@ -164,7 +165,8 @@ DELIVERIES = _counter(
 DATABASE_OUTAGES = _counter(
     "feishu_inbox_database_outages",
     "Deliveries not stored because the database failed (webhook 503, long connection 500), "
-    "by app, transport and cause (refused, too_many_clients, timeout, locked, other).",
+    "by app, transport and cause (read_only, refused, too_many_clients, timeout, locked, "
+    "other).",
     ("app", "transport", "cause"),
 )
 
@@ -188,4 +190,22 @@ WEBHOOK_DISABLED = _counter(
     "feishu_inbox_webhook_endpoints_disabled",
     "Outbound webhook endpoints disabled, by reason.",
     ("reason",),
+)
+
+# --- the database's replication ---------------------------------------------------------------
+
+#: replication: sync (a synchronous standby confirmed the commit), async (standbys, none
+#: synchronous: lost if the primary is lost before they flush it), none (no standby),
+#: unknown (the standbys' state is not readable by the site's role: grant pg_monitor).
+INGEST_REPLICATION = _counter(
+    "feishu_inbox_ingest_replication",
+    "Events stored (and acknowledged), by the replication their commit had at the time.",
+    ("replication",),
+)
+INGEST_LAG_BYTES = _histogram(
+    "feishu_inbox_ingest_replication_lag_bytes",
+    "At each stored event, the WAL bytes the furthest-behind standby had not flushed "
+    "(sampled once a second): what an asynchronous standby's promotion would lose.",
+    (),
+    (0, 8192, 65536, 524288, 4194304, 33554432, 268435456, 2147483648),
 )

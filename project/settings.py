@@ -7,6 +7,8 @@ FEISHU_ENCRYPT_KEY, FEISHU_VERIFICATION_TOKEN   the default Feishu app's secrets
 FEISHU_APP_ID, FEISHU_APP_SECRET, FEISHU_DOMAIN  its Open API credentials and domain (to reply)
 FEISHU_INBOX_HANDLERS   comma-separated dotted paths of handler modules
 FEISHU_INBOX_METRICS_TOKEN, FEISHU_INBOX_METRICS_ALLOW   who may read /feishu/metrics/
+FEISHU_INBOX_TRANSACTION_POOLER, FEISHU_INBOX_LISTEN_URL, FEISHU_INBOX_POLL_ONLY   behind
+               PgBouncer in transaction mode (docs/production.md, "PostgreSQL topology")
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # (on SQLite it also re-runs the PRAGMAs); health checks replace a connection that died.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=300)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Behind PgBouncer in transaction mode (docs/production.md, "PostgreSQL topology"): no
+# server-side cursors, no prepared statements; wake-ups on a direct LISTEN_URL, or polling.
+POOLED = env.bool("FEISHU_INBOX_TRANSACTION_POOLER", default=False)
+if POOLED:
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -112,6 +119,10 @@ FEISHU_INBOX: dict[str, object] = {
     "BACKOFF_BASE": env.float("FEISHU_INBOX_BACKOFF_BASE", default=5.0),
     "LEASE_SECONDS": env.float("FEISHU_INBOX_LEASE_SECONDS", default=60.0),
     "POLL_INTERVAL": env.float("FEISHU_INBOX_POLL_INTERVAL", default=1.0),
+    "TRANSACTION_POOLER": POOLED,
+    "PREPARE_STATEMENTS": env.bool("FEISHU_INBOX_PREPARE_STATEMENTS", default=True),
+    "LISTEN_URL": env.str("FEISHU_INBOX_LISTEN_URL", default=""),
+    "POLL_ONLY": env.bool("FEISHU_INBOX_POLL_ONLY", default=False),
     "BATCH_WINDOW": env.float("FEISHU_INBOX_BATCH_WINDOW", default=0.005),
     "PURGE_INTERVAL": env.float("FEISHU_INBOX_PURGE_INTERVAL", default=300.0),
     # Who may read /feishu/metrics/ besides staff (README "Monitoring").

@@ -18,9 +18,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import telemetry, tracing
+from ..ledger import outages, replication
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
 from . import protocol, questions
@@ -57,20 +58,31 @@ def store(
             "feishu_inbox.event.type": envelope.event_type,
         },
     ) as span:
-        result = ledger.enqueue(
-            app=app,
-            event_id=envelope.event_id,
-            event_type=envelope.event_type,
-            dedupe_key=keys.dedupe_key,
-            partition_key=partition_of(app, keys),
-            private_message=keys.private_message,
-            payload=envelope.body,
-            payload_json=envelope.raw,
-        )
+        try:
+            result = ledger.enqueue(
+                app=app,
+                event_id=envelope.event_id,
+                event_type=envelope.event_type,
+                dedupe_key=keys.dedupe_key,
+                partition_key=partition_of(app, keys),
+                private_message=keys.private_message,
+                payload=envelope.body,
+                payload_json=envelope.raw,
+            )
+        except DatabaseError as exc:
+            if outages.database_away(exc):
+                # A session on a server that is no longer the primary (25006) still answers
+                # its health check: closed, the next delivery connects to the new primary.
+                connections["default"].close()
+            raise
         answer = "stored" if result.created else "duplicate"
         span.set("feishu_inbox.job.id", result.job_id)
         span.set("feishu_inbox.answer", answer)
     telemetry.DELIVERIES.labels(app, transport, answer).inc()
+    if result.created:
+        acknowledged = replication.at_ingest()
+        telemetry.INGEST_REPLICATION.labels(acknowledged.kind).inc()
+        telemetry.INGEST_LAG_BYTES.observe(acknowledged.lag_bytes)
     log.info(
         "%s event %s (type %s, app %s, partition %s) as job %s",
         answer,
@@ -137,6 +149,7 @@ def encode_answer(answer: dict[str, Any]) -> bytes:
 
 #: The database's own words for each cause of an outage the metrics count.
 _CAUSES = (
+    ("read_only", ("read-only", "recovery", "hot standby")),
     (
         "too_many_clients",
         ("too many clients", "remaining connection slots", "too many connections"),

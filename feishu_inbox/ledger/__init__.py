@@ -13,6 +13,9 @@
   registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
   workers are woken (NOTIFY) and how many claims run side by side.
 - ``retention``: what the ledger forgets, and when; ``stats``: what operators read.
+- the database server's own state: ``outages`` (whether an error is the database being away,
+  a failover's read-only session included), ``replication`` (what an acknowledged event's
+  commit reached: a synchronous standby, an asynchronous one, none).
 - ``retry``: retry policies, the site's and each event type's; ``idempotency``: an idempotent
   effect's key, window and margin; ``payloads``: limits on the JSON stored.
 - flow control: ``limits`` (what a rate limit is), ``buckets`` (token buckets shared by every

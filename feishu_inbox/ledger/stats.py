@@ -194,3 +194,27 @@ def unfinished_with_key_prefix(app: str, prefix: str) -> bool:
         .exclude(status=Status.COMPLETED)
         .exists()
     )
+
+
+@dataclass(frozen=True)
+class Vacuum:
+    """What vacuum owes the ledger: dead row versions per table, and the age of the oldest
+    snapshot that keeps it from removing them (PostgreSQL; empty elsewhere)."""
+
+    #: table -> (dead row versions, live row versions)
+    tables: dict[str, tuple[int, int]]
+    #: Seconds since the oldest open transaction holding a snapshot on this database began.
+    oldest_snapshot_seconds: float
+    #: The age, in transaction ids, of the oldest xmin holding vacuum back (sessions, standbys'
+    #: feedback, replication slots, prepared transactions).
+    oldest_xmin_xids: int
+
+
+def vacuum() -> Vacuum:
+    """The ledger's dead tuples and what holds them (two catalogue reads, no table scan)."""
+    found = store()
+    tables = {r["table_name"]: (int(r["dead"]), int(r["live"])) for r in found.dead_tuples()}
+    oldest = found.oldest_snapshot()
+    if oldest is None:
+        return Vacuum(tables, 0.0, 0)
+    return Vacuum(tables, float(oldest["seconds"] or 0.0), int(oldest["xids"] or 0))

@@ -6,6 +6,8 @@
   ten Prometheus servers scraping every worker cost one read per few seconds per process;
 - ``serve``: ``/metrics`` (the process's counters and the ledger's gauges) and ``/healthz`` on
   a port of the worker's;
+- ``database``: the server's side, read with those gauges: dead tuples in the ledger's
+  tables, the oldest snapshot holding vacuum back, the replication a commit gets;
 - ``views``: ``views.metrics``, the same for the web process, behind staff login, a bearer
   token (``METRICS_TOKEN``) or an address allow-list (``METRICS_ALLOW``).
 
@@ -193,7 +195,9 @@ def _ledger_families() -> list[Any]:
             following = spec.cron.after(row.watermark) if row else None
             upcoming.add_metric([name], following.timestamp() if following else 0.0)
         families += [last, upcoming]
-    return families
+    from .database import database_families
+
+    return families + database_families()
 
 
 def _running_per_worker() -> list[tuple[str, int]]:

@@ -110,7 +110,7 @@ def hand_back_after_error(ctx: JobContext, exc: Exception) -> str:
     """A job's own call raised a database error that nothing tried again. When it is the
     database being away before the handler was called, it goes back to the queue (tried
     again while its lease lasts) rather than waiting out its lease."""
-    if not isinstance(exc, writes.TRANSIENT_ERRORS):  # not a blink: a bug
+    if not writes.transient(exc):  # not a blink: a bug
         log.error("job %s: the ledger refused a write (%s)", ctx.event.job_id, exc, exc_info=exc)
         return "database_error"
     log.warning("job %s: the database was away (%s)", ctx.event.job_id, exc)

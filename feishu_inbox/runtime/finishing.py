@@ -101,7 +101,7 @@ class FinishGroup:
             )
         except Exception as exc:  # each one is retried alone: one that landed is found
             log.warning("%s finishes together failed (%s); each is tried alone", len(batch), exc)
-            if isinstance(exc, writes.TRANSIENT_ERRORS):
+            if writes.transient(exc):
                 writes.drop_connection()
             self._settle(batch, retrying=True)
             return

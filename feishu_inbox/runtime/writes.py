@@ -23,7 +23,21 @@ T = TypeVar("T")
 
 #: Database errors of the connection, not of the statement: the server was away (restarted,
 #: failed over, the SQLite file locked past its busy timeout). A write may be tried again.
+#: Among the others, those ``outages.database_away`` names are too (a read-only server after
+#: a failover): ``transient`` tells.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database being away: the write is tried again on a new
+    connection (never a job's failure)."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    from ..ledger.outages import database_away  # here: this module is imported with the app
+
+    return database_away(exc)
+
+
 #: The first wait before trying a write again, doubled up to the longest.
 RETRY_FIRST_DELAY = 0.05
 RETRY_LONGEST_DELAY = 1.0
@@ -44,7 +58,9 @@ def write(ctx: JobContext, doing: str, op: Callable[[bool], T]) -> T:
     while True:
         try:
             return op(retrying)
-        except TRANSIENT_ERRORS as exc:
+        except (DatabaseError, InterfaceError) as exc:
+            if not transient(exc):
+                raise
             drop_connection()
             left = ctx.lease_left() - LEASE_MARGIN
             if left <= 0:

@@ -10,7 +10,9 @@ operations call stored functions (``functions/``), loaded by migrations.
 - ``base``: what both stores share (running named queries, the operations composed of them);
   ``waits``: the waits' transactions (the signal key's lock, a chat given back and taken again,
   a card's click decided);
-- ``postgres`` and ``sqlite``: one store each;
+- ``postgres`` and ``sqlite``: one store each; ``listener``: a PostgreSQL worker's LISTEN,
+  probed before it is trusted and subscribed again after a break or a failover; ``outages``:
+  the errors (SQLSTATEs) that mean the database is away, not that a statement is wrong;
 - ``queries``: named SQL read from the ``.sql`` files; ``schema``: table names, statuses and
   shared SQL fragments; ``migration``: the operation that loads a stored-function file.
 
@@ -41,6 +43,9 @@ class HotPath(Protocol):
     #: How many of one worker's write transactions may usefully run at once (PostgreSQL: two
     #: claims in flight, each waiting for its own WAL flush; SQLite has one writer).
     concurrent_writers: int
+    #: Whether its connections are server sessions that a pooler in transaction mode hands
+    #: from client to client (PostgreSQL): then nothing may outlive a transaction on them.
+    server_sessions: bool
 
     def prepare_connection(self, connection: BaseDatabaseWrapper) -> None: ...
     def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]: ...
@@ -217,6 +222,9 @@ class Insights(Protocol):
     def due_and_delayed(self) -> tuple[int, int]: ...
     def oldest_due(self) -> datetime | None: ...
     def blocked_and_running_partitions(self) -> dict[str, int]: ...
+    def dead_tuples(self) -> list[Row]: ...
+    def oldest_snapshot(self) -> Row | None: ...
+    def replication(self) -> Row | None: ...
 
 
 class Store(HotPath, Leases, Waits, Operators, Schedules, Insights, Protocol):

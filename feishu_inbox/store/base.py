@@ -497,6 +497,20 @@ class SqlStore(WaitStore):
         """The planner's row estimate of the job table, where the database keeps one."""
         return None
 
+    def dead_tuples(self) -> list[Row]:
+        """Each ledger table's dead and live row versions (``table_name``, ``dead``, ``live``,
+        ``vacuumed_at``), where the database keeps row versions to vacuum."""
+        return []
+
+    def oldest_snapshot(self) -> Row | None:
+        """The age of what holds vacuum back (``seconds``, ``xids``), where there is one."""
+        return None
+
+    def replication(self) -> Row | None:
+        """The standbys a commit now would reach (the ``replication`` query), where the
+        database streams to any."""
+        return None
+
     def take_tokens(
         self, keys: Sequence[str], rates: Sequence[float], bursts: Sequence[float]
     ) -> tuple[float, int] | None:

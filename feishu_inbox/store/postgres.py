@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg import pq
@@ -23,9 +24,9 @@ from psycopg.adapt import AdaptersMap, PyFormat, Transformer
 from psycopg.generators import execute
 from psycopg.pq import ExecStatus, TransactionStatus
 
-from ..conf import checked_settings
+from ..conf import InboxSettings, checked_settings
+from . import listener
 from .base import EVERY_KEY, Fence, KeyFilter, Row, SqlStore, fence_params
-from .schema import NOTIFY_CHANNEL
 
 log = logging.getLogger("feishu_inbox.worker")
 
@@ -161,9 +162,17 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, encoding: str) -> psy
     return psycopg.errors.error_from_result(result, encoding=encoding)
 
 
+def _prepares(conf: InboxSettings) -> bool:
+    """Whether the hot statements are prepared on the server: never behind a transaction
+    pooler, where the next transaction may run on another server session (PgBouncer before
+    1.21 keeps no prepared statement across them)."""
+    return conf.PREPARE_STATEMENTS and not conf.TRANSACTION_POOLER
+
+
 class PostgresStore(SqlStore):
     query_file = "postgres.sql"
     concurrent_writers = 2
+    server_sessions = True
     list_parameters = {
         "job_ids": "(SELECT unnest(%(job_ids)s::bigint[]))",
         "keys": "(SELECT unnest(%(keys)s::text[]))",
@@ -176,7 +185,7 @@ class PostgresStore(SqlStore):
         self._statements = {name: _Statement(name, self.queries[name].sql) for name in PREPARED}
 
     def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        if name not in PREPARED or not checked_settings().PREPARE_STATEMENTS:
+        if name not in PREPARED or not _prepares(checked_settings()):
             return super().rows(name, params)
         # The connection is looked up once: each use of django.db.connection (a proxy to the
         # thread's or task's connection) is a lookup, about 4 µs, and a job's statement
@@ -264,27 +273,51 @@ class PostgresStore(SqlStore):
         done: threading.Event,
         listening: Callable[[bool], None],
     ) -> None:
-        """LISTEN on its own connection; reconnects after a second when it breaks."""
-        params = {
-            k: v for k, v in connection.get_connection_params().items() if k not in _NOT_FOR_LISTEN
-        }
-        while not done.is_set():
-            try:
-                with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    listening(True)
-                    wake("")  # anything enqueued before we listened
-                    while not done.is_set():
-                        for note in conn.notifies(timeout=5.0, stop_after=1):
-                            wake(note.payload)
-            except psycopg.Error as exc:
-                listening(False)
-                log.warning("LISTEN connection failed (%s); polling until it is back", exc)
-                done.wait(1.0)
-        listening(False)
+        """LISTEN on a connection of its own (``wakeups.py``: LISTEN_URL's, else the default
+        database's), or not at all (POLL_ONLY, or a transaction pooler and no LISTEN_URL)."""
+        conf = checked_settings()
+        if conf.POLL_ONLY or (conf.TRANSACTION_POOLER and not conf.LISTEN_URL):
+            log.info(
+                "wake-ups: polling every %.2fs (%s)",
+                conf.POLL_INTERVAL,
+                "POLL_ONLY" if conf.POLL_ONLY else "TRANSACTION_POOLER without LISTEN_URL",
+            )
+            return
+        if conf.LISTEN_URL:
+            args: tuple[str, ...] = (conf.LISTEN_URL,)
+            given = set(psycopg.conninfo.conninfo_to_dict(conf.LISTEN_URL))
+            params: dict[str, Any] = {}
+        else:
+            args = ()
+            params = {
+                k: v
+                for k, v in connection.get_connection_params().items()
+                if k not in _NOT_FOR_LISTEN
+            }
+            given = set(params)
+        # A primary that vanished without closing its sockets (a host down, a network cut)
+        # must not leave the listener waiting on a dead one: TCP keepalives and a user
+        # timeout end it within seconds; libpq's own options win when the site set them.
+        params.update({k: v for k, v in listener.LISTEN_SOCKET.items() if k not in given})
+        listener.listen(
+            lambda: psycopg.connect(*args, **params, autocommit=True),
+            wake=wake,
+            done=done,
+            listening=listening,
+            probe=self._probe,
+        )
 
     def notify(self, partition_key: str) -> None:
         self.execute("notify", {"partition_key": partition_key})
+
+    def _probe(self, notice: str) -> None:
+        """A NOTIFY sent the way the enqueuers send theirs (the default database, through the
+        pooler if there is one), for the listener to hear; then this thread's connection is
+        closed (the listener's thread has no other use for it)."""
+        try:
+            self.notify(notice)
+        finally:
+            connection.close()
 
     def enqueue(self, job: dict[str, Any]) -> Row:
         return self.rows("enqueue", job)[0]
@@ -424,3 +457,12 @@ class PostgresStore(SqlStore):
 
     def estimate_jobs(self) -> int | None:
         return int(self.rows("estimate_jobs")[0]["n"])
+
+    def dead_tuples(self) -> list[Row]:
+        return self.rows("dead_tuples")
+
+    def oldest_snapshot(self) -> Row | None:
+        return self.rows("oldest_snapshot")[0]
+
+    def replication(self) -> Row | None:
+        return self.rows("replication")[0]

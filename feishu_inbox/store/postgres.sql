@@ -247,3 +247,52 @@ RETURNING job_id
 -- A signal nobody waits for yet, kept %(seconds)s seconds for its waiter.
 INSERT INTO {signal} (key, payload, sent_at, expires_at)
 VALUES (%(key)s, %(payload)s::jsonb, now(), now() + %(seconds)s * interval '1 second')
+
+-- dead_tuples --
+-- The ledger's tables' dead and live row versions (the statistics collector's counts), and
+-- when each was last vacuumed: a snapshot held open elsewhere keeps vacuum from removing what
+-- the hot path leaves behind. Only on PostgreSQL: SQLite has no MVCC to vacuum.
+SELECT relname AS table_name, n_dead_tup AS dead, n_live_tup AS live,
+       EXTRACT(epoch FROM greatest(last_vacuum, last_autovacuum))::float AS vacuumed_at
+FROM pg_stat_user_tables
+WHERE relid IN ('{job}'::regclass, '{partition}'::regclass, '{attempt}'::regclass,
+                '{maintenance}'::regclass, '{step}'::regclass, '{rate_bucket}'::regclass,
+                '{wait}'::regclass, '{signal}'::regclass, '{schedule}'::regclass)
+ORDER BY relname
+
+-- oldest_snapshot --
+-- What holds the vacuum horizon of this database back: the oldest transaction or snapshot
+-- of any session on it (or a standby's hot_standby_feedback, a replication slot, a prepared
+-- transaction), as its age in seconds (sessions only) and in transaction ids. A session of
+-- another role shows its xmin only to a role with pg_read_all_stats (pg_monitor).
+-- Only on PostgreSQL.
+SELECT
+  COALESCE((SELECT EXTRACT(epoch FROM max(clock_timestamp() - xact_start))::float
+            FROM pg_stat_activity
+            WHERE backend_xmin IS NOT NULL AND datname = current_database()
+              AND pid <> pg_backend_pid()), 0) AS seconds,
+  greatest(
+    (SELECT max(age(backend_xmin)) FROM pg_stat_activity
+     WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+       AND (datname = current_database() OR backend_type = 'walsender')),
+    (SELECT max(age(xmin)) FROM pg_replication_slots WHERE xmin IS NOT NULL),
+    (SELECT max(age(transaction)) FROM pg_prepared_xacts WHERE database = current_database()),
+    0) AS xids
+
+-- replication --
+-- Where a commit acknowledged now would survive the primary's loss: the standbys streaming
+-- from this server, how many of them confirm commits synchronously (and whether this session
+-- waits for them), and how far the furthest behind has flushed (WAL bytes). A role without
+-- pg_read_all_stats (pg_monitor) sees the standbys but not their state (NULLs).
+-- Only on PostgreSQL.
+SELECT
+  pg_is_in_recovery() AS in_recovery,
+  current_setting('synchronous_commit') AS synchronous_commit,
+  current_setting('synchronous_standby_names') AS standby_names,
+  (SELECT count(*) FROM pg_stat_replication) AS standbys,
+  (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))
+    AS sync_standbys,
+  (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS unreadable,
+  CASE WHEN pg_is_in_recovery() THEN 0 ELSE
+    (SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::bigint
+     FROM pg_stat_replication) END AS lag_bytes

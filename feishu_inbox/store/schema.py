@@ -47,6 +47,10 @@ STOPPING_NOTICE = "feishu_inbox.stopping"
 #: batch closed: workers fold the batches' events and fire what is done at once.
 BATCHES_NOTICE = "feishu_inbox.batches"
 
+#: The prefix of a listener's probe (``listener.py``): a NOTIFY it sends itself, to learn that
+#: notices reach it. Every listener ignores the others'.
+PROBE_NOTICE = "feishu_inbox.probe:"
+
 QUEUED = Status.QUEUED.value
 RUNNING = Status.RUNNING.value
 RETRY_WAIT = Status.RETRY_WAIT.value

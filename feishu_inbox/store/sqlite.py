@@ -55,6 +55,7 @@ class SqliteStore(SqlStore):
     query_file = "sqlite.sql"
     # One writer at a time: a second transaction would only wait in its busy handler's sleeps.
     concurrent_writers = 1
+    server_sessions = False
     # SQLite binds no arrays: a list parameter is sent as a JSON array (see ``adapt``).
     list_parameters = {
         "job_ids": "(SELECT value FROM json_each(%(job_ids)s))",

@@ -201,3 +201,58 @@ def test_a_handler_module_that_cannot_be_imported_is_e003_with_its_own_fix(
     [error] = [m for m in check_handlers() if m.id == "feishu_inbox.E003"]
     assert "'mysite.feishu_handlers' cannot be imported" in error.msg
     assert error.hint is not None and "Create that module" in error.hint
+
+
+def test_listen_url_and_poll_only_together_are_refused() -> None:
+    assert ids(LISTEN_URL="postgres://db/app", POLL_ONLY=True) == ["feishu_inbox.E002"]
+
+
+def test_a_transaction_pooler_refuses_what_needs_a_session(
+    postgres_only: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind PgBouncer in transaction mode: psycopg's prepared statements and Django's
+    server-side cursors are errors (E009), and wake-ups without LISTEN_URL a warning (W009)."""
+    from django.db import connections
+
+    db = connections["default"].settings_dict
+    monkeypatch.setitem(db, "DISABLE_SERVER_SIDE_CURSORS", False)
+    monkeypatch.setitem(db, "OPTIONS", {**db.get("OPTIONS", {}), "prepare_threshold": 5})
+    assert ids(TRANSACTION_POOLER=True) == [
+        "feishu_inbox.E009",
+        "feishu_inbox.E009",
+        "feishu_inbox.W009",
+    ]
+    monkeypatch.setitem(db, "DISABLE_SERVER_SIDE_CURSORS", True)
+    monkeypatch.setitem(
+        db, "OPTIONS", {k: v for k, v in db["OPTIONS"].items() if k != "prepare_threshold"}
+    )
+    assert ids(TRANSACTION_POOLER=True, LISTEN_URL="postgres://db/app") == []
+    assert ids(TRANSACTION_POOLER=True, POLL_ONLY=True) == []
+    assert ids() == []  # no pooler declared: nothing to say
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"LISTEN_URL": "postgres://db/app"}, "LISTEN on LISTEN_URL (direct):"),
+        ({"TRANSACTION_POOLER": True, "LISTEN_URL": "postgres://db/app"}, "LISTEN_URL (direct)"),
+        ({"TRANSACTION_POOLER": True, "POLL_ONLY": True}, "poll-only"),
+    ],
+)
+def test_check_deploy_says_how_workers_are_woken_and_what_it_costs(
+    postgres_only: None, settings: dict[str, object], words: str
+) -> None:
+    with override_settings(FEISHU_INBOX={"APPS": APPS, **settings}):
+        found = [
+            m for m in run_checks(include_deployment_checks=True) if m.id == "feishu_inbox.I001"
+        ]
+    assert len(found) == 1 and words in found[0].msg, found
+
+
+def test_check_deploy_says_nothing_of_the_default_wakeups() -> None:
+    """A site that chose no topology (LISTEN on its database, or SQLite's polling) gets no
+    message: ``check --deploy`` stays clean."""
+    with override_settings(FEISHU_INBOX={"APPS": APPS}):
+        assert not [
+            m for m in run_checks(include_deployment_checks=True) if m.id == "feishu_inbox.I001"
+        ]

@@ -171,8 +171,14 @@ def free_port() -> int:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
+    """A subprocess's environment: the test's database, reached as the suite's topology says
+    (``FEISHU_INBOX_TEST_TOPOLOGY``: directly, or through PgBouncer, ``pgbouncer.py``)."""
+    from tests.support.pgbouncer import topology, topology_env
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update(DATABASE_URL=subprocess_database_url(), DJANGO_SETTINGS_MODULE="project.settings")
+    url = subprocess_database_url()
+    env.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="project.settings")
+    env.update(topology_env(url, topology()))
     env.update(extra)
     return env
 
