@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from .. import telemetry
+from ..conf import checked_settings
 from ..errors import ChildFailed, LeaseLost, WorkflowRefused
 from ..models import EventJob, Status, Step
 from ..store import store
@@ -168,25 +168,19 @@ def outcomes(job_ids: Sequence[int], *, results: bool = True) -> list[Outcome]:
 # --- spawning --------------------------------------------------------------------------------
 
 
-def _lock_parent(lease: Any) -> Any:
-    """The running parent's row, locked (fenced), its chat's row first (the ledger's lock
-    order: an ordered child is enqueued in that chat): its generation, and refusals."""
+def _lock_parent(lease: Any, lease_seconds: float) -> Any:
+    """The running parent's row, fenced and locked by renewing its lease (a full lease for
+    what the transaction does next), its chat's row first (the ledger's lock order: an
+    ordered child is enqueued in that chat): its generation, and refusals."""
     store().lock_partitions([lease.partition_key])
-    row = (
-        EventJob.objects.select_for_update()
-        .filter(
-            id=lease.job_id,
-            status=Status.RUNNING,
-            worker_id=lease.worker_id,
-            lease_token=lease.token,
-            lease_until__gt=Now(),  # the database's clock, as every fence reads it
-        )
-        .values("replays", "cancel_requested", "app", "partition_key")
-        .first()
-    )
-    if row is None:
+    if store().renew(lease, lease_seconds) is None:
         why = why_not_held(lease) or "its lease is lost"
         raise LeaseLost(f"Cannot spawn from job {lease.job_id}: {why}.")
+    row = (
+        EventJob.objects.filter(id=lease.job_id)
+        .values("replays", "cancel_requested", "app", "partition_key")
+        .get()
+    )
     if row["cancel_requested"]:
         raise WorkflowRefused(
             f"Job {lease.job_id} was cancelled: it spawns no more children.",
@@ -196,13 +190,19 @@ def _lock_parent(lease: Any) -> Any:
 
 
 def spawn(
-    lease: Any, *, name: str, specs: Sequence[dict[str, Any]], ordered: bool = False
+    lease: Any,
+    *,
+    name: str,
+    specs: Sequence[dict[str, Any]],
+    ordered: bool = False,
+    lease_seconds: float | None = None,
 ) -> list[int]:
     """Enqueue ``specs`` as children of the lease's job under the memo ``name`` (one step of
     the parent, per replay generation), or return the children an earlier attempt spawned so.
     One transaction; fenced (``LeaseLost``: nothing spawned)."""
+    seconds = lease_seconds or checked_settings().LEASE_SECONDS
     with store().transaction():
-        parent = _lock_parent(lease)
+        parent = _lock_parent(lease, seconds)
         memo = f"{SPAWN_PREFIX}{parent['replays']}:{name}"
         found = Step.objects.filter(job_id=lease.job_id, name=memo).values("result").first()
         if found is not None:
@@ -239,13 +239,20 @@ def children_key(job_ids: Sequence[int], mode: str) -> str:
     return f"{CHILDREN_KEY_PREFIX}{mode}:{len(job_ids)}:{digest}"
 
 
-def await_children(lease: Any, *, wait_id: int, job_ids: Sequence[int], mode: str) -> bool:
+def await_children(
+    lease: Any,
+    *,
+    wait_id: int,
+    job_ids: Sequence[int],
+    mode: str,
+    lease_seconds: float | None = None,
+) -> bool:
     """Attach the children to a batch that delivers the parent's open wait ``wait_id`` when all
     of them (``mode="all"``) or one (``"any"``) ended; if that is so already, deliver it now
     (right after, in the batch's own transaction). Idempotent: a wait that has its batch keeps
     it. True when the wait was delivered now."""
     with store().transaction():
-        parent = _lock_parent(lease)
+        parent = _lock_parent(lease, lease_seconds or checked_settings().LEASE_SECONDS)
         if Batch.objects.filter(wait_id=wait_id).exists():
             return False
         theirs = list(

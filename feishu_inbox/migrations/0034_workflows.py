@@ -92,6 +92,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='batch',
+            index=models.Index(condition=models.Q(('wait_id__isnull', False)), fields=['wait_id'], name='feishu_inbox_batch_wait'),
+        ),
+        migrations.AddIndex(
+            model_name='batch',
             index=models.Index(condition=models.Q(('state', 'fired')), fields=['fired_at'], name='feishu_inbox_batch_fired'),
         ),
         RunPostgresFunctions(

@@ -85,6 +85,12 @@ class Batch(models.Model):
                 name="feishu_inbox_batch_state",
                 condition=~models.Q(state="fired"),
             ),
+            # A parent's wait's batch (await_children: one per wait, found by it).
+            models.Index(
+                fields=["wait_id"],
+                name="feishu_inbox_batch_wait",
+                condition=models.Q(wait_id__isnull=False),
+            ),
             # Fired batches past retention (ledger/retention.py).
             models.Index(
                 fields=["fired_at"],

@@ -34,6 +34,8 @@ from .specs import job, spec_of
 
 #: The longest key of a spawn (its memo's name is ``spawn:<generation>:<key>``, 128 at most).
 SPAWN_KEY_LIMIT = 100
+#: The most children one transaction spawns (``spawn_many`` of more goes in chunks).
+SPAWN_CHUNK = 250
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,20 @@ def _spawn(specs: list[dict[str, Any]], key: str | None, ordered: bool) -> list[
             "A task child cannot run in its parent's chat (ordered=True).",
             fix="Give the tasks an ordering key instead: job(task, args, key=...).",
         )
-    ids = writes.write(
-        ctx,
-        "spawn children of",
-        lambda _: workflows.spawn(ctx.lease, name=name, specs=specs, ordered=ordered),
-    )
+    # A big fan-out goes in chunks, each its own transaction and memo: no transaction holds
+    # the parent's row (and its lease's renewals) for long, and the first children run while
+    # the rest are stored. A retried parent finds every chunk that committed.
+    chunks = [specs[i : i + SPAWN_CHUNK] for i in range(0, len(specs), SPAWN_CHUNK)] or [[]]
+    ids: list[int] = []
+    for n, chunk in enumerate(chunks):
+        memo = name if len(chunks) == 1 else f"{name}/{n}"
+
+        def one(_: bool, memo: str = memo, chunk: list[dict[str, Any]] = chunk) -> list[int]:
+            return workflows.spawn(
+                ctx.lease, name=memo, specs=chunk, ordered=ordered, lease_seconds=ctx.lease_seconds
+            )
+
+        ids += writes.write(ctx, "spawn children of", one)
     return [Child(job_id) for job_id in ids]
 
 
@@ -146,7 +157,11 @@ def _wait(
                 ctx,
                 "wait for the children of",
                 lambda _: workflows.await_children(
-                    ctx.lease, wait_id=memo.wait_id, job_ids=ids, mode=mode
+                    ctx.lease,
+                    wait_id=memo.wait_id,
+                    job_ids=ids,
+                    mode=mode,
+                    lease_seconds=ctx.lease_seconds,
                 ),
             )
             if delivered:
