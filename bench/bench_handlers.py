@@ -140,13 +140,14 @@ def wf_noop(event: Event) -> None:
 
 
 @feishu_inbox.handler("bench.fanout")
-def fanout(event: Event) -> dict[str, int]:
+def fanout(event: Event) -> None:
     """Fan-out/fan-in (bench/workflows.py): ``spawn_many`` ``n`` no-op children, ``wait_all``
-    for them (the slot given back meanwhile); returns how many there were and completed."""
+    for them (the slot given back meanwhile); writes how many there were and completed."""
     n = int(event.payload["n"])
     kids = feishu_inbox.spawn_many("bench.wf_noop", [{"i": i} for i in range(n)])
     results = feishu_inbox.wait_all(kids)
-    return {"children": len(results), "ok": sum(1 for r in results if r.ok)}
+    with open(os.environ["BENCH_FANOUT_FILE"], "a") as f:
+        f.write(f"{len(results)} {sum(1 for r in results if r.ok)}\n")
 
 
 @feishu_inbox.handler("bench.wf_callback")
