@@ -181,6 +181,8 @@ def stop(workers: list[Any]) -> None:
 def fanout(url: str, n: int, procs: int, concurrency: int, timeout: float) -> dict[str, float]:
     """One ``bench.fanout`` parent of ``n`` children on ``procs`` x ``concurrency`` workers:
     children/s from its enqueue to its finish, as the ledger recorded them."""
+    from django.db.models import Max, Min
+
     from feishu_inbox import ledger
     from feishu_inbox.models import EventJob
 
@@ -212,7 +214,19 @@ def fanout(url: str, n: int, procs: int, concurrency: int, timeout: float) -> di
     runs = EventJob.objects.filter(parent_id=job_id, status="completed", attempt=1).count()
     assert runs == n, (runs, n)  # every child ran once
     seconds = (parent.finished_at - parent.received_at).total_seconds()
-    return {"seconds": seconds, "children_per_s": n / seconds, "parent_attempts": parent.attempt}
+    kids = EventJob.objects.filter(parent_id=job_id).aggregate(
+        first=Min("claimed_at"), last=Max("finished_at")
+    )
+    return {
+        "seconds": seconds,
+        "children_per_s": n / seconds,
+        "parent_attempts": parent.attempt,
+        # Where the time went: until the first child ran (the parent's claim and its
+        # spawn_many's commit), the children, and from the last one's end to the parent's.
+        "to_first_child_s": (kids["first"] - parent.received_at).total_seconds(),
+        "children_s": (kids["last"] - kids["first"]).total_seconds(),
+        "fan_in_s": (parent.finished_at - kids["last"]).total_seconds(),
+    }
 
 
 def celery_python() -> Path:
@@ -447,10 +461,13 @@ def measure(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             shape = f"{procs}x{conc}"
             ours = fanout(url, args.children, procs, conc, args.timeout)
             add(f"ours_{shape}", ours["children_per_s"])
+            for part in ("to_first_child_s", "children_s", "fan_in_s"):
+                add(f"{part}_{shape}", ours[part])
             print(f"round {r + 1}: ours {shape}: {ours}", file=sys.stderr)
             if backend == "postgres" and not args.no_celery:
                 theirs = celery_chord(args.children, procs, conc, args.celery_config, args.timeout)
                 add(f"celery_{shape}", theirs["children_per_s"])
+                add(f"celery_apply_{shape}", theirs["apply_seconds"])
                 add(f"ratio_{shape}", ours["children_per_s"] / theirs["children_per_s"])
                 print(f"round {r + 1}: celery {shape}: {theirs}", file=sys.stderr)
         if args.batch:
@@ -519,6 +536,28 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             f"ours_{shape}",
             ",.0f",
             celery=shape,
+        )
+    for procs, conc in SHAPES:
+        shape = f"{procs}x{conc}"
+        cells = [
+            f"{procs} x {conc}: s until the first child ran (ours: claim + spawn_many's commit; "
+            "Celery: the chord's apply)",
+            f(pg.get(f"to_first_child_s_{shape}"), ".2f"),
+            f(pg.get(f"celery_apply_{shape}"), ".2f"),
+            "-",
+        ]
+        if lite is not None:
+            cells.append(f(lite.get(f"to_first_child_s_{shape}"), ".2f"))
+        rows.append("| " + " | ".join(cells) + " |")
+        row(
+            f"{procs} x {conc}: s of the children, first start to last end",
+            f"children_s_{shape}",
+            ".2f",
+        )
+        row(
+            f"{procs} x {conc}: s from the last child's end to the parent's",
+            f"fan_in_s_{shape}",
+            ".2f",
         )
     if args.batch:
         row(
