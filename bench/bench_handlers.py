@@ -132,3 +132,26 @@ def resumed(event: Event) -> None:
     now = time.time()
     with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
         f.write(f"{got['t0']} {now}\n")
+
+
+@feishu_inbox.handler("bench.wf_noop")
+def wf_noop(event: Event) -> None:
+    """A workflow's no-op child or batch member (bench/workflows.py)."""
+
+
+@feishu_inbox.handler("bench.fanout")
+def fanout(event: Event) -> None:
+    """Fan-out/fan-in (bench/workflows.py): ``spawn_many`` ``n`` no-op children, ``wait_all``
+    for them (the slot given back meanwhile); writes how many there were and completed."""
+    n = int(event.payload["n"])
+    kids = feishu_inbox.spawn_many("bench.wf_noop", [{"i": i} for i in range(n)])
+    results = feishu_inbox.wait_all(kids)
+    with open(os.environ["BENCH_FANOUT_FILE"], "a") as f:
+        f.write(f"{len(results)} {sum(1 for r in results if r.ok)}\n")
+
+
+@feishu_inbox.handler("bench.wf_callback")
+def wf_callback(event: Event) -> None:
+    """A batch's callback (bench/workflows.py): writes when it started and the batch's size."""
+    with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
+        f.write(f"{time.time()} {event.payload['batch']['total']}\n")
