@@ -60,7 +60,11 @@ import pytest
 from tests.support.processes import free_port, port_open, stop, wait_for
 from tests.support.sites import Site, manual_snippets, site_env, start_project
 
-pytestmark = [pytest.mark.stacks, pytest.mark.any_database]
+#: Each stack installs the wheel and its dependencies from PyPI into a fresh environment, then
+#: runs a site's commands: 200 to 290 s each when `make test` runs six suites beside it on two
+#: cores (CI, 2026-12-07), over the suite's 300 s guard against a hung test. Their own steps
+#: keep their own timeouts (a hung step still fails, saying which).
+pytestmark = [pytest.mark.stacks, pytest.mark.any_database, pytest.mark.timeout(900)]
 
 #: The Django series the README names, as a requirement.
 DJANGO = {"5.2": "Django>=5.2,<5.3", "6": "Django>=6,<7"}
