@@ -317,7 +317,7 @@ def fill_backlog(children: int, per_parent: int, links: int, held: bool = True) 
     )
     batch_columns = (
         'kind, state, mode, total, pending, parent_id, wait_id, callbacks, links, "position", '
-        '"length", description, created_at, closed_at, fired_at, fired_jobs'
+        '"length", description, created_at, closed_at, fired_at, fired_jobs, error'
     )
     later = json.dumps([NOOP_SPEC] * (links - 1))
     # status, attempt, received_at, available_at (and finished_at, last in the column list)
@@ -341,7 +341,7 @@ def fill_backlog(children: int, per_parent: int, links: int, held: bool = True) 
         cur.execute(
             f"INSERT INTO {BATCH_TABLE} ({batch_columns}) SELECT 'children', 'closed', 'all', "
             f"{per_parent}, {per_parent}, w.job_id, w.id, '{{}}'{js}, '[]'{js}, 0, 0, "
-            f"'children of job ' || w.job_id, {now}, {now}, NULL, '[]'{js} "
+            f"'children of job ' || w.job_id, {now}, {now}, NULL, '[]'{js}, '' "
             f"FROM {WAIT_TABLE} w ORDER BY w.job_id"
         )
         # Their children: queued, held an hour (each the head of a partition of its own).
@@ -357,7 +357,7 @@ def fill_backlog(children: int, per_parent: int, links: int, held: bool = True) 
         cur.execute(
             f"INSERT INTO {BATCH_TABLE} ({batch_columns}) SELECT 'chain', 'closed', 'all', 1, 1, "
             f"NULL, NULL, '{{}}'{js}, %s{js}, 0, {links}, 'chain ' || s.i, {now}, {now}, NULL, "
-            f"'[]'{js} FROM {series(parents, 's')}",
+            f"'[]'{js}, '' FROM {series(parents, 's')}",
             [later],
         )
         cur.execute(

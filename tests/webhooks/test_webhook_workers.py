@@ -2,9 +2,9 @@
 verify every request with the ``standardwebhooks`` package (SPEC §9h, invariant 11).
 
 The workers run a retry schedule of 0.2 s, 0.5 s and 1 s (``webhook_helpers.WORKER_SETTINGS``;
-production's is 5 s to 10 h): the receiver that goes down in the chaos test is down for
-OUTAGE_SECONDS, not a minute, and what is proven is the same, resends under the same
-``webhook-id`` until it is back.
+production's is 5 s to 10 h): the receiver that goes down in the chaos test for a minute is
+sent each of its pending deliveries again about once a second, under the same ``webhook-id``,
+until it is back.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from tests.support.worker_helpers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: How long the chaos test's receiver is down (the issue's minute, scaled with the schedule).
-OUTAGE_SECONDS = 5.0
+#: How long the chaos test's receiver is down (the issue's minute).
+OUTAGE_SECONDS = 60.0
 MESSAGES, ENDPOINTS, KEYS = 500, 5, 20
 
 
