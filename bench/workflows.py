@@ -53,7 +53,6 @@ from _setup import (
     fresh_sqlite,
     median,
     reproduce,
-    timed,
     truncate_ledger,
 )
 
@@ -379,31 +378,11 @@ def fill_backlog(children: int, per_parent: int, links: int, held: bool = True) 
 
 def claim_costs(jobs: int) -> tuple[float, float]:
     """Seconds per job to claim and finish ``jobs`` runnable jobs one at a time (300 chats),
-    and seconds per claim that finds nothing (its sweeps included), as bench/waits.py's."""
-    from feishu_inbox import ledger
-    from feishu_inbox.ledger import rules
+    and seconds per claim that finds nothing (its sweeps included): bench/waits.py's measure,
+    so the two benches' figures compare."""
+    from waits import costs
 
-    for i in range(jobs):
-        ledger.enqueue(event_id=f"r{i}", event_type="t", partition_key=f"c-{i % 300}", payload={})
-
-    def work() -> int:
-        done = 0
-        while claimed := ledger.claim("bench"):
-            ledger.finish(claimed[0].lease)
-            done += 1
-        return done
-
-    done, seconds = timed(work)
-    assert done == jobs, (done, jobs)
-
-    def empty() -> int:
-        for _ in range(500):
-            rules._last_sweep[0] = 0.0  # each empty claim sweeps, as an idle worker's does
-            assert not ledger.claim("bench")
-        return 500
-
-    n, idle = timed(empty)
-    return seconds / done, idle / n
+    return costs(jobs)
 
 
 # --- 3. a batch's callback -------------------------------------------------------------------
