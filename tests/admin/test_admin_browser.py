@@ -22,6 +22,16 @@ from tests.support.worker_helpers import Workers, enqueue
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def log_in(context: Any, base: str, next_path: str) -> Any:
+    """A new page of the browser, logged in as the tests' ``oncall`` user, at ``next_path``."""
+    page = context.new_page()
+    page.goto(f"{base}/admin/login/?next={next_path}")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    return page
+
+
 @pytest.fixture
 def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # Playwright's sync API keeps an event loop in this thread; the ORM calls made here
@@ -53,11 +63,7 @@ def test_operator_reconciles_unknown_jobs_in_the_browser(
     )
     base = live_server.url
 
-    page = browser_page.new_page()
-    page.goto(f"{base}/admin/login/?next=/admin/feishu_inbox/eventjob/")
-    page.fill("#id_username", "oncall")
-    page.fill("#id_password", "s3cret-pw")
-    page.click("input[type=submit]")
+    page = log_in(browser_page, base, "/admin/feishu_inbox/eventjob/")
     page.wait_for_selector("#result_list")
     # The whole list fits a 1,400 px window: no column behind a horizontal scroll.
     widths = page.evaluate(
@@ -134,11 +140,7 @@ def test_operator_cancels_a_running_job_from_its_page(
         )
     )
     base = live_server.url
-    page = browser_page.new_page()
-    page.goto(f"{base}/admin/login/?next=/admin/feishu_inbox/eventjob/{running}/change/")
-    page.fill("#id_username", "oncall")
-    page.fill("#id_password", "s3cret-pw")
-    page.click("input[type=submit]")
+    page = log_in(browser_page, base, f"/admin/feishu_inbox/eventjob/{running}/change/")
     page.wait_for_selector('[data-action="cancel_jobs"]')
     assert page.locator(".fi-job-action button").count() == 1  # running: cancel only
     page.click('[data-action="cancel_jobs"]')
@@ -171,11 +173,7 @@ def test_operator_resumes_a_waiting_job_from_its_page(
             codename__in=["view_eventjob", "cancel_eventjob", "signal_wait"],
         )
     )
-    page = browser_page.new_page()
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/feishu_inbox/eventjob/{waiting}/change/")
-    page.fill("#id_username", "oncall")
-    page.fill("#id_password", "s3cret-pw")
-    page.click("input[type=submit]")
+    page = log_in(browser_page, live_server.url, f"/admin/feishu_inbox/eventjob/{waiting}/change/")
     page.wait_for_selector('[data-action="resume_waiting"]')
     assert "signal 'approval:42' (wait:1): open" in page.inner_text("#content-main")
     buttons = page.locator(".fi-job-action button")
@@ -235,11 +233,7 @@ def test_operator_sees_a_workflows_tree_and_cancels_it_in_the_browser(
             codename__in=["view_eventjob", "manage_workflow"],
         )
     )
-    page = browser_page.new_page()
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/feishu_inbox/eventjob/{parent}/change/")
-    page.fill("#id_username", "oncall")
-    page.fill("#id_password", "s3cret-pw")
-    page.click("input[type=submit]")
+    page = log_in(browser_page, live_server.url, f"/admin/feishu_inbox/eventjob/{parent}/change/")
     page.wait_for_selector("text=Descendants by state")
     main = page.inner_text("#content-main")
     assert "3 running" in main and main.count("test.wf_child") == 3
