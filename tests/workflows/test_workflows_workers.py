@@ -204,7 +204,11 @@ def test_cancelling_a_parent_stops_its_five_hundred_running_children(workers: Wo
     )
     asked = time.monotonic()
     outcome = ledger.cancel([parent])
-    assert parent in outcome.done and len(outcome.pending) == RUNNING
+    children = set(EventJob.objects.filter(parent_id=parent).values_list("id", flat=True))
+    # Each child cancelled: asked to stop if it runs, at once if it was between attempts (a
+    # child whose lease the loaded machine let lapse is back in the queue a moment).
+    assert parent in outcome.done
+    assert set(outcome.pending) | (set(outcome.done) - {parent}) == children
     wait_for(
         lambda: statuses(parent_id=parent)["running"] == 0,
         60,
@@ -218,7 +222,10 @@ def test_cancelling_a_parent_stops_its_five_hundred_running_children(workers: Wo
     }
     assert not workers.lines("child_effect")  # none reached its effect
     assert EventJob.objects.get(pk=parent).status == "completed"
-    print(f"{RUNNING} running children stopped {took:.2f}s after their parent's cancel")
+    print(
+        f"{len(outcome.pending)} running children (of {RUNNING}) stopped {took:.2f}s after "
+        "their parent's cancel"
+    )
 
 
 def test_tasks_as_children_batch_members_callbacks_and_chain_links(workers: Workers) -> None:
