@@ -18,12 +18,14 @@ from .feishu.asks import Answer, ask
 from .feishu.protocol import CardAction, EventKeys, card_callback, event_keys
 from .feishu.replies import client, reply, send
 from .feishu.streams import stream_reply, stream_send
+from .feishu.turns import stop_button, typing
 from .ledger.limits import RateLimit
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
 from .runtime.context import Event
 from .runtime.handlers import checkpoint, effect
 from .runtime.registry import handler
 from .runtime.steps import step
+from .runtime.turns import Coalesce, Stopped, Turn
 from .runtime.waits import signal, sleep, sleep_until, wait_for
 from .schedules import schedule
 from .workflows import (
@@ -40,6 +42,7 @@ from .workflows import (
     wait_all,
     wait_any,
 )
+from .workflows.cleanup import on_finish
 
 __version__ = "0.2.0"
 
@@ -50,6 +53,7 @@ __all__ = [
     "CardAction",
     "Child",
     "ChildFailed",
+    "Coalesce",
     "Event",
     "EventKeys",
     "JobSpec",
@@ -60,8 +64,10 @@ __all__ = [
     "RetryAfter",
     "RetryAt",
     "RetryPolicy",
+    "Stopped",
     "Superseded",
     "TimedOut",
+    "Turn",
     "WaitRefused",
     "WaitTimedOut",
     "WorkflowRefused",
@@ -75,6 +81,7 @@ __all__ = [
     "event_keys",
     "handler",
     "job",
+    "on_finish",
     "outcomes",
     "reply",
     "schedule",
@@ -86,8 +93,10 @@ __all__ = [
     "spawn_jobs",
     "spawn_many",
     "step",
+    "stop_button",
     "stream_reply",
     "stream_send",
+    "typing",
     "wait_all",
     "wait_any",
     "wait_for",

@@ -16,12 +16,19 @@ class FeishuInboxConfig(AppConfig):
             store,  # noqa: F401  (prepares each new database connection)
         )
         from .conf import inbox_settings
+        from .feishu.turns import REACTION_KIND
         from .ledger import kinds
         from .tasks.jobs import TASK_KIND
         from .webhooks.delivery import WEBHOOK_KIND
 
         # The kinds of job (ledger/kinds.py): each capability's, before any handler module.
-        for kind in (kinds.FEISHU_EVENTS, kinds.SCHEDULE_OCCURRENCES, TASK_KIND, WEBHOOK_KIND):
+        for kind in (
+            kinds.FEISHU_EVENTS,
+            kinds.SCHEDULE_OCCURRENCES,
+            TASK_KIND,
+            WEBHOOK_KIND,
+            REACTION_KIND,
+        ):
             kinds.register(kind)
         from .workflows import ready as workflows_ready
 

@@ -531,3 +531,4 @@ class WorkerBeat(models.Model):
 
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
 from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)
+from .tables import turns as turns  # noqa: E402  (TurnCleanup: SPEC §9g)

@@ -132,6 +132,27 @@ BATCHES = _counter(
 BATCH_CALLBACKS = _counter(
     "feishu_inbox_batch_callbacks", "Callback jobs enqueued by batches that fired (once each)."
 )
+#: Conversation turns (SPEC §9g).
+TURNS = _counter(
+    "feishu_inbox_turns",
+    "Turns formed, by how they started: run, recalled (every message recalled), stopped (a "
+    "stop command before it ran), stale (skipped or noticed past the handler's deadline).",
+    ("event_type", "start"),
+)
+TURN_MESSAGES = _counter(
+    "feishu_inbox_turn_messages",
+    "Messages taken into a turn behind its first (coalesced), merged into a running one "
+    "(merged), or recalled from one (recalled).",
+    ("how",),
+)
+TURN_SIGNALS = _counter(
+    "feishu_inbox_turn_signals",
+    "What a running turn learned at a safe point: stop, recall, merge, supersede.",
+    ("signal",),
+)
+TURN_CLEANUPS = _counter(
+    "feishu_inbox_turn_cleanups", "Cleanup jobs enqueued after their turn ended (once each)."
+)
 #: How long a resumed job waited, from its wait's start to the resumed handler reading it.
 WAITED_SECONDS = _histogram(
     "feishu_inbox_waited_seconds",

@@ -24,7 +24,7 @@ from .. import telemetry, tracing
 from ..ledger import outages, replication
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
-from . import protocol, questions
+from . import protocol, questions, turns
 
 log = logging.getLogger("feishu_inbox.inbound")
 
@@ -108,6 +108,9 @@ def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[st
     click = questions.click_of(envelope)
     if click is not None:
         return questions.answer_click(click, budget, envelope.event_id)
+    stopping = turns.stop_click(envelope)
+    if stopping is not None:  # a streamed card's stop button (SPEC §9g)
+        return turns.answer_stop(stopping)
     callback = protocol.card_callback_for(app)
     if callback is None:
         return {}

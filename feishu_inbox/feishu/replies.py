@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..conf import checked_settings
-from ..errors import Deferred, FeishuBusinessError, FeishuRateLimited, InvalidMessage
+from ..errors import Concluded, Deferred, FeishuBusinessError, FeishuRateLimited, InvalidMessage
 from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
 from ..ledger.limits import Bucket, RateLimit
 from ..runtime.context import Event, current
@@ -60,7 +60,7 @@ def reply(
     """Reply to the message of a message event (``im.message.receive_v1``); return the
     reply's message id. ``name`` tells two replies of one handler apart (each its own uuid);
     ``idempotent_for`` (at most Feishu's hour) and ``margin``: see ``ledger/idempotency.py``."""
-    message_id = _message_id(event)
+    message_id = target_message(event)
     chat_id = job_values(event).get("chat_id")
     buckets = feishu_buckets(event.app, chat_id=chat_id if isinstance(chat_id, str) else None)
 
@@ -75,7 +75,35 @@ def reply(
             rate_limit_patience=0,  # a 429: the bucket is blocked, the job waits (_idempotent)
         )
 
-    return _idempotent(event.app, name, idempotent_for, margin, call, buckets)
+    try:
+        return _idempotent(event.app, name, idempotent_for, margin, call, buckets)
+    except FeishuBusinessError as exc:
+        if exc.feishu_code not in RECALLED_CODES or event.turn is None:
+            raise
+        return _recalled(event, exc, content, msg_type, name, chat_id)
+
+
+#: Feishu's answers to a reply whose message was recalled (230011) or is gone (231003).
+RECALLED_CODES = frozenset({230011, 231003})
+
+
+def _recalled(
+    event: Event,
+    exc: FeishuBusinessError,
+    content: dict[str, Any] | str,
+    msg_type: str,
+    name: str,
+    chat_id: Any,
+) -> str:
+    """A turn's reply to a message recalled meanwhile: sent to the chat instead, or dropped
+    (the turn ends ``Recalled``), by its handler's ``on_recalled_reply`` (SPEC §9g)."""
+    ctx = current()
+    policy = getattr(ctx.turn_spec, "on_recalled_reply", "drop")
+    if policy == "send" and isinstance(chat_id, str) and chat_id:
+        return send(event.app, chat_id, content, msg_type, name=f"{name}:chat"[:64])
+    raise Concluded(
+        "Recalled", f"The message a reply answered was recalled ({exc.feishu_code}): dropped."
+    )
 
 
 def send(
@@ -136,6 +164,13 @@ def client(app: str = "default") -> lark_oapi.Client:
     """The app's configured ``lark_oapi.Client``, for any other Open API call. Wrap a call
     that changes something in ``feishu_inbox.effect()`` yourself."""
     return openapi.client(app)
+
+
+def target_message(event: Event) -> str:
+    """The message a reply answers: a turn's newest live message, else the event's own."""
+    turn = event.turn
+    last = turn.last if turn is not None else None
+    return last.message_id if last is not None else _message_id(event)
 
 
 def _message_id(event: Event) -> str:

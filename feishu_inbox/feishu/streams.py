@@ -52,6 +52,8 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import (
+    Cancelled,
+    Concluded,
     Deferred,
     FeishuBusinessError,
     FeishuRateLimited,
@@ -60,15 +62,17 @@ from ..errors import (
     LeaseLost,
 )
 from ..runtime.context import Event, JobContext, current
-from ..runtime.handlers import in_db_thread
+from ..runtime.handlers import checkpoint, in_db_thread
 from ..runtime.writes import write
-from . import cardkit, openapi, replies
+from . import cardkit, openapi, replies, turns
 
 log = logging.getLogger("feishu_inbox.streams")
 
 #: The card's text element, and what an interrupted answer ends with.
 ELEMENT_ID = "answer"
 DEFAULT_MARKER = "\n\n*(interrupted)*"
+#: What an answer a stop command, the stop button or an operator's cancel ended ends with.
+STOPPED_MARKER = "\n\n*(stopped)*"
 #: Seconds between streamed updates: writes in between are coalesced into the next one.
 UPDATE_INTERVAL = 0.25
 #: Seconds between any two operations on one card: more than Feishu's 1/10 s.
@@ -95,13 +99,16 @@ def stream_reply(
     marker: str = DEFAULT_MARKER,
     interval: float = UPDATE_INTERVAL,
     reply_in_thread: bool = False,
+    stop_button: bool = False,
 ) -> Stream:
     """Stream an answer into a card that replies to the message of ``event``.
 
     ``name`` tells two streamed replies of one handler apart; ``title`` is the card's header;
     ``summary`` what the chat list shows while it streams; ``marker`` what an answer
-    interrupted by an exception ends with; ``interval`` the seconds between updates."""
-    replies._message_id(event)  # no message to reply to: InvalidMessage, before any request
+    interrupted by an exception ends with; ``interval`` the seconds between updates;
+    ``stop_button``: the card shows a button that stops the job (``feishu/turns.py``) while
+    it streams."""
+    replies.target_message(event)  # no message to reply to: InvalidMessage, before any request
 
     def send(card_id: str) -> str:
         content = {"type": "card", "data": {"card_id": card_id}}
@@ -113,7 +120,9 @@ def stream_reply(
             name=f"stream:{name}",
         )
 
-    return Stream(event.app, name, send, title, summary, marker, interval)
+    stream = Stream(event.app, name, send, title, summary, marker, interval)
+    stream.card.stop_button = stop_button
+    return stream
 
 
 def stream_send(
@@ -234,6 +243,8 @@ class StreamedCard:
         self._last_flush = 0.0
         self._last_operation = 0.0
         self._warned = False
+        #: Whether the card shows a stop button while it streams (``stream_reply``).
+        self.stop_button = False
         #: The state was read from the ledger: its last operation was recorded before it was
         #: sent, and an earlier attempt may have died before Feishu applied it. Until this
         #: attempt's own first operation lands, what the card shows and whether it streams
@@ -269,6 +280,7 @@ class StreamedCard:
         """Append ``chunk`` to the answer; the card shows it with the next update."""
         if not isinstance(chunk, str):
             raise TypeError(f"write() takes text (got {type(chunk).__name__})")
+        checkpoint()  # a safe point: a stop, a cancel or a newer message ends the answer here
         self._written += chunk
         self._maybe_flush()
 
@@ -277,6 +289,7 @@ class StreamedCard:
         streamed tokens were written)."""
         if not isinstance(text, str):
             raise TypeError(f"set() takes text (got {type(text).__name__})")
+        checkpoint()
         self._written = text
         self._maybe_flush()
 
@@ -343,6 +356,10 @@ class StreamedCard:
             return
         if isinstance(exc, (LeaseLost, Deferred)):
             return
+        if isinstance(exc, Concluded) and not self._state.message_id:
+            return  # never sent (its message was recalled): nothing to mark
+        if isinstance(exc, Cancelled):
+            self._marker = STOPPED_MARKER
         try:
             shown = self._shown()
             if self._state.streaming and not self._streaming_over():
@@ -400,6 +417,8 @@ class StreamedCard:
             "config": config,
             "body": {"elements": [{"tag": "markdown", "content": text, "element_id": ELEMENT_ID}]},
         }
+        if self.stop_button and streaming:
+            card["body"]["elements"].append(turns.stop_button(self._ctx.event.job_id))
         if self._title is not None:
             card["header"] = {"title": {"tag": "plain_text", "content": self._title}}
         return card

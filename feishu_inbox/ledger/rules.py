@@ -239,7 +239,20 @@ def _maybe_sweep() -> bool:
     expire_leases()
     waits.time_out_due()
     fire_batches()
+    fire_cleanups()
     return True
+
+
+def fire_cleanups() -> int:
+    """Enqueue the cleanups of turns that ended (SPEC §9g), at every sweep; a failure waits
+    for the next one (never the claim's)."""
+    from . import turns
+
+    try:
+        return turns.fire_cleanups()
+    except DatabaseError as exc:
+        log.warning("enqueueing the turns' cleanups failed (%s); trying again later", exc)
+        return 0
 
 
 def fire_batches() -> int:

@@ -72,6 +72,8 @@ class Event:
     private_message: bool
     #: When the ledger stored it (None where a caller built the event without it).
     received_at: datetime | None = None
+    #: A coalescing handler's turn (``runtime/turns.py``: its messages); None otherwise.
+    turn: Any = None
 
 
 @dataclass
@@ -137,6 +139,14 @@ class JobContext:
     thread_done: bool = False
     #: The trace context stored with the job (``tracing.py``): its attempt's span's parent.
     trace_parent: str = ""
+    #: A turn's handler's ``Coalesce`` (``runtime/turns.py``), once its turn is formed; a stop
+    #: command waits behind it (its next safe point raises ``Stopped``); new messages wait to
+    #: be merged at its next checkpoint.
+    turn_spec: Any = None
+    stop_requested: bool = False
+    merge_waiting: bool = False
+    #: It has cleanups (``on_finish``): the worker enqueues them once its end is written.
+    cleanups: bool = False
 
     def lease_left(self) -> float:
         """Seconds the lease lasts by this worker's clock (it may be less by the database's)."""

@@ -29,7 +29,7 @@ from ..errors import (
 from ..ledger import pauses
 from ..ledger import rules as ledger
 from ..ledger.kinds import RESULT_STEP, WORKFLOW_EVENT_PREFIX
-from . import attempts, context, handlers, registry, steps, writes
+from . import attempts, context, handlers, registry, steps, turns, writes
 from . import limits as rate_limits
 from .batching import Ended
 from .claimer import Claimed, Claimer
@@ -222,6 +222,9 @@ class Executor:
         token = context.enter(ctx)
         slots: list[str] = []
         try:
+            spec, deadline = registry.turns_for(event.event_type)
+            if spec is not None or deadline is not None:
+                turns.begin(ctx, spec, deadline)  # a turn formed, or Deferred, or Concluded
             # a slot first: a job that waits for one must not spend a token each time it looks
             # (a handler that declares neither costs two dict lookups)
             specs = registry.concurrency_for(event.event_type)
@@ -258,7 +261,8 @@ class Executor:
         except Superseded as exc:
             return self._ended(ctx, self._finish(ctx, superseded=True), exc)
         except Cancelled as exc:
-            return self._ended(ctx, self._finish(ctx, note="Cancelled"), exc)
+            note = "Stopped" if isinstance(exc, turns.Stopped) else "Cancelled"
+            return self._ended(ctx, self._finish(ctx, note=note), exc)
         except Concluded as done:  # its kind ends it here: completed, why kept (no retry)
             return self._ended(ctx, self._finish(ctx, note=done.note[:128]), done)
         except LeaseLost:
@@ -350,6 +354,8 @@ class Executor:
         span.set("feishu_inbox.outcome", label)
         span.end(ctx.ended_by if label not in _CLEAN_ENDS else None)
         telemetry.HANDLER_SECONDS.labels(event.event_type).observe(took)
+        if ctx.cleanups and outcome in _ENDS:  # its turn's cleanups, now rather than at a sweep
+            ledger.fire_cleanups()
         log.info(
             "job %s event %s type %s partition %s attempt %s: %s in %.1f ms",
             event.job_id,
@@ -404,8 +410,11 @@ PENDING = "pending"
 #: The worker's outcomes (the ledger's state after the attempt) as the metrics name them.
 _OUTCOMES = {"retry_wait": "retried", "queued": "deferred", "running": "deferred"}
 
+#: The outcomes after which a job's cleanups are due (SPEC §9g).
+_ENDS = frozenset({"completed", "failed", "unknown"})
+
 #: Outcomes whose span ends without an error status (what ended them was the ledger's word).
-_CLEAN_ENDS = frozenset({"completed", "superseded", "cancelled", "deferred", "waiting"})
+_CLEAN_ENDS = frozenset({"completed", "superseded", "cancelled", "stopped", "deferred", "waiting"})
 
 
 def _outcome_label(ctx: context.JobContext, outcome: str) -> str:
@@ -413,6 +422,8 @@ def _outcome_label(ctx: context.JobContext, outcome: str) -> str:
         return "timed_out"
     if outcome == "completed" and isinstance(ctx.ended_by, Superseded):
         return "superseded"
+    if outcome == "completed" and isinstance(ctx.ended_by, turns.Stopped):
+        return "stopped"
     if outcome == "completed" and isinstance(ctx.ended_by, Cancelled):
         return "cancelled"
     return _OUTCOMES.get(outcome, outcome)

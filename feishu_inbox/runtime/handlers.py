@@ -33,6 +33,7 @@ from ..errors import (
 )
 from ..ledger.idempotency import Idempotent, effect_key
 from ..ledger.limits import RateLimit
+from . import turns
 from .context import JobContext, current
 from .limits import acquire
 from .registry import Handler
@@ -51,7 +52,16 @@ def checkpoint() -> None:
     ctx = current()
     ctx.ensure_alive()
     ctx.ensure_in_time()
+    _stop_if_asked(ctx)
+    if ctx.merge_waiting:  # a turn that merges: the messages behind it join it here
+        turns.merge(ctx)
+
+
+def _stop_if_asked(ctx: JobContext) -> None:
+    """Raise what an operator's cancel, a stop command or a newer message asked for."""
     if ctx.cancelled.is_set():
+        if ctx.stop_requested:
+            raise turns.stop_error(ctx)
         raise Cancelled(f"Job {ctx.event.job_id} was cancelled by an operator.")
     if ctx.interrupt.is_set():
         raise Superseded(f"Job {ctx.event.job_id} was superseded by a newer message.")
@@ -151,6 +161,7 @@ def _begin_effect(ctx: JobContext, scope: effect) -> str:
 
     ctx.ensure_alive()
     ctx.ensure_in_time()
+    _stop_if_asked(ctx)  # noticed by this worker (a turn's stop, a newer message): not begun
     if scope.rate_limits:
         acquire(scope.rate_limits)  # a token of each, before anything starts (or Deferred)
         ctx.ensure_in_time()  # the wait may have reached the timeout

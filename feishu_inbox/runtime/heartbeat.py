@@ -19,7 +19,7 @@ from django.db import connections
 from .. import telemetry
 from ..errors import LeaseLost, TimedOut
 from ..ledger import rules as ledger
-from . import attempts, writes
+from . import attempts, turns, writes
 from .claimer import Claimer
 from .context import JobContext
 from .executor import Executor
@@ -105,6 +105,12 @@ class Heartbeat:
                 running[job_id].cancelled.set()
             if signal_.superseded:
                 running[job_id].interrupt.set()
+        in_turns = [ctx for ctx in running.values() if ctx.turn_spec is not None]
+        if in_turns:  # a stop command, a recall, a new message behind a turn (SPEC §9g)
+            try:
+                turns.look_behind(in_turns)
+            except DATABASE_AWAY:
+                writes.drop_connection()
 
     def time_out(self, ctx: JobContext) -> None:
         """A handler ran past its timeout and reached no checkpoint: end its attempt here.

@@ -20,6 +20,7 @@ from ..errors import ConfigurationError
 from ..ledger.kinds import kind_of
 from ..ledger.limits import RateLimit
 from ..ledger.retry import RetryPolicy, own_policy, register_policy, site_policy
+from .turns import DEFAULT_NOTICE, Coalesce, StartDeadline
 
 if TYPE_CHECKING:
     from .context import Event
@@ -30,6 +31,8 @@ _problems: list[str] = []
 _timeouts: dict[str, float] = {}
 _rate_limits: dict[str, list[RateLimit]] = {}
 _concurrency: dict[str, list[tuple[str, int]]] = {}
+_turns: dict[str, Coalesce] = {}
+_deadlines: dict[str, StartDeadline] = {}
 
 
 def handler(
@@ -39,6 +42,10 @@ def handler(
     timeout: timedelta | float | None = None,
     rate_limit: RateLimit | Sequence[RateLimit] = (),
     concurrency: tuple[str, int] | Sequence[tuple[str, int]] = (),
+    coalesce: Coalesce | None = None,
+    stale_after: timedelta | float | None = None,
+    on_stale: str = "skip",
+    stale_notice: str = DEFAULT_NOTICE,
 ) -> Callable[[Handler], Handler]:
     """Register a sync or ``async def`` function for one event type, with its retry policy
     (default: the site's, from settings) and its ``timeout`` (a ``timedelta`` or seconds;
@@ -46,7 +53,11 @@ def handler(
     its ``rate_limit`` (one ``RateLimit`` or several): a token of each is taken before each
     attempt starts, and a job that finds none waits (``runtime/limits.py``); its
     ``concurrency`` (``("tenant:{tenant_key}", 2)``, or several): at most N of its jobs with
-    the same key run at once, across all workers.
+    the same key run at once, across all workers; its ``coalesce`` (a ``Coalesce``): a
+    chat's burst of messages runs as one turn (``runtime/turns.py``); ``stale_after`` (a
+    ``timedelta`` or seconds): a message first claimed later than this after it was sent is
+    skipped, answered with ``stale_notice``, or run anyway (``on_stale``: "skip", "notice",
+    "run").
     Every problem with the arguments is collected and reported at once, by ``manage.py
     check`` (E003) and when a worker starts."""
     found = []
@@ -79,6 +90,18 @@ def handler(
         found.append(f"the retry policy for {event_type!r} is not a RetryPolicy: {retry!r}")
     elif retry is not None:
         found.extend(f"the retry policy for {event_type!r}: {p}" for p in retry.problems())
+    if coalesce is not None and not isinstance(coalesce, Coalesce):
+        found.append(f"the coalesce of {event_type!r} is not a Coalesce: {coalesce!r}")
+        coalesce = None
+    elif coalesce is not None:
+        found.extend(coalesce.problems(event_type))
+    deadline = None
+    if stale_after is not None:
+        if isinstance(stale_after, bool) or not isinstance(stale_after, timedelta | int | float):
+            found.append(f"stale_after of {event_type!r} must be a timedelta or seconds")
+        else:
+            deadline = StartDeadline.of(stale_after, on_stale, stale_notice)
+            found.extend(deadline.problems(event_type))
     _problems.extend(found)
 
     def register(fn: Handler) -> Handler:
@@ -95,6 +118,10 @@ def handler(
             _rate_limits[event_type] = limits
         if slots and all(_is_slot(s) for s in slots):
             _concurrency[event_type] = [(str(s[0]), int(s[1])) for s in slots]
+        if coalesce is not None and not found:
+            _turns[event_type] = coalesce
+        if deadline is not None and not found:
+            _deadlines[event_type] = deadline
         return fn
 
     return register
@@ -115,6 +142,11 @@ def _is_slot(spec: object) -> bool:
 def concurrency_for(event_type: str) -> list[tuple[str, int]]:
     """The (key template, N) pairs a job of this event type takes a slot of before it runs."""
     return _concurrency.get(event_type, [])
+
+
+def turns_for(event_type: str) -> tuple[Coalesce | None, StartDeadline | None]:
+    """The handler's turns and start deadline (None, None: neither)."""
+    return _turns.get(event_type), _deadlines.get(event_type)
 
 
 def rate_limits_for(event_type: str) -> list[RateLimit]:

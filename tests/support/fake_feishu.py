@@ -46,8 +46,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import fake_cardkit, processes
+from tests.support import fake_cardkit, fake_reactions, processes
 from tests.support.fake_cardkit import CardKit, card_entity
+from tests.support.fake_reactions import Reactions
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 SEND_PATH = "/open-apis/im/v1/messages"
@@ -143,6 +144,8 @@ class FakeFeishu:
         self._chats: dict[str, str] = {}  # message_id -> chat_id
         self._faults: dict[str, list[Fault]] = {"token": [], "message": [], "card": []}
         self.cardkit = CardKit(stream_window=stream_window, ops_per_second=card_ops_per_second)
+        #: Reactions on messages, and the messages their senders recalled (fake_reactions.py).
+        self.reactions = Reactions()
         self._first_try_faults: tuple[float, random.Random, tuple[Fault, ...]] | None = None
         self._first_tries: set[tuple[str, str]] = set()  # (app_id, uuid) already requested
         self._server: ThreadingHTTPServer | None = None
@@ -422,6 +425,14 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == fake_cardkit.CARDS_PATH:
             self.card_operation("create", None, None, body)
             return
+        reactions = fake_reactions.REACTIONS_PATH.match(url.path)
+        if reactions:
+            app_id = fake.authenticate(self.headers.get("Authorization"))
+            if app_id is None:
+                self.answer(400, {"code": 99991663, "msg": "Invalid access token."})
+                return
+            self.answer(*fake.reactions.add(app_id, reactions.group(1), body))
+            return
         if url.path == TOKEN_PATH:
             fault = fake.next_fault("token", None, None)
             if fault:
@@ -460,6 +471,12 @@ class _Handler(BaseHTTPRequestHandler):
         fields = {**body, "receive_id_type": receive_id_type}
         if reply:
             fields["parent_id"] = reply.group(1)
+            if reply.group(1) in fake.reactions.recalled:
+                fake.record(Request(url.path, app_id, uuid, "refused"))
+                self.answer(
+                    400, {"code": fake_reactions.WITHDRAWN, "msg": "The message was withdrawn."}
+                )
+                return
         reset = fake.admit(app_id, kind, fields)
         if reset is not None:
             fake.record(Request(url.path, app_id, uuid, "rate_limited"))
@@ -483,6 +500,28 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.kind != "slow_after_apply":
                 return
         self.answer(200, {"code": 0, "msg": "success", "data": message_data(message)})
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        reactions = fake_reactions.REACTIONS_PATH.match(url.path)
+        if not reactions:
+            self.answer(404, {"code": 404, "msg": "404 page not found"})
+            return
+        if self.server.fake.authenticate(self.headers.get("Authorization")) is None:
+            self.answer(400, {"code": 99991663, "msg": "Invalid access token."})
+            return
+        self.answer(*self.server.fake.reactions.list(reactions.group(1), parse_qs(url.query)))
+
+    def do_DELETE(self) -> None:
+        reaction = fake_reactions.REACTION_PATH.match(urlsplit(self.path).path)
+        if not reaction:
+            self.answer(404, {"code": 404, "msg": "404 page not found"})
+            return
+        app_id = self.server.fake.authenticate(self.headers.get("Authorization"))
+        if app_id is None:
+            self.answer(400, {"code": 99991663, "msg": "Invalid access token."})
+            return
+        self.answer(*self.server.fake.reactions.delete(app_id, *reaction.groups()))
 
     def do_PUT(self) -> None:
         path = urlsplit(self.path).path

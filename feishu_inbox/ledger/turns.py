@@ -1,0 +1,201 @@
+"""Conversation turns (SPEC §9g), the ledger's side: what waits behind a turn, the turn's
+membership decided once, and its cleanup effects run once after it ends.
+
+- **Behind.** A turn is formed from its chat's partition: the jobs behind the turn's first
+  message, in receipt order (``behind``). Nothing is read from anywhere else, so the worker
+  that forms it and every worker after it see the same messages in the same order.
+- **Membership.** ``take`` ends the messages a turn takes in (``completed``, error type
+  ``Coalesced``, "taken into the turn of job N") and records what the turn holds as a step of
+  the turn's job, in one transaction fenced by its lease, its chat's row locked first (the
+  ledger's lock order). A message an operator cancelled meanwhile makes the whole take change
+  nothing (``TurnChanged``: the worker looks again). A retried or replayed turn reads the step:
+  its membership never changes after it was recorded.
+- **Cleanups.** ``add_cleanup`` records a job spec for when the running job ends (fenced; the
+  same name twice is one cleanup). ``fire_cleanups`` — every worker, at every sweep — finds the
+  cleanups whose job has ended (completed, failed, ``unknown``; or purged), enqueues each one's
+  job and deletes its row in one transaction, the rows locked ``SKIP LOCKED``: each runs once,
+  whichever worker sees it first, and a crash before the commit leaves it to the next sweep. A
+  job whose lease expired without an effect is retried (it has not ended): its cleanup waits
+  for the retry's end, and the retry's ``on_finish`` finds the same row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from .. import telemetry
+from ..conf import checked_settings
+from ..errors import LeaseLost
+from ..models import EventJob, Status
+from ..store import store
+from ..tables.turns import TurnCleanup
+from .fencing import why_not_held
+from .workflows import enqueue_spec
+
+log = logging.getLogger("feishu_inbox.ledger")
+
+#: The error type of a message a turn took in, and of a turn that ended without running.
+COALESCED = "Coalesced"
+#: The states that end a job for its cleanups: ``unknown`` too (nothing will run it again
+#: without an operator, and a reaction must not wait for one).
+ENDED = (Status.COMPLETED.value, Status.FAILED.value, Status.UNKNOWN.value)
+#: The most cleanups one ``fire_cleanups`` enqueues (the rest wait for the next sweep).
+FIRE_LIMIT = 200
+
+
+class TurnChanged(Exception):
+    """A message the turn would take in is no longer waiting (an operator ended it): nothing
+    was taken; look again."""
+
+
+@dataclass(frozen=True)
+class Behind:
+    """A job waiting behind a turn in its chat."""
+
+    id: int
+    event_type: str
+    payload: dict[str, Any]
+    received_at: datetime
+    status: str
+
+
+def behind(job_id: int, partition_key: str, limit: int) -> tuple[datetime, list[Behind]]:
+    """The database's clock, and the unresolved jobs after ``job_id`` in its partition, oldest
+    first, at most ``limit`` (through the partition's index of unresolved jobs)."""
+    rows = (
+        EventJob.objects.filter(partition_key=partition_key, id__gt=job_id)
+        .exclude(status=Status.COMPLETED)
+        .order_by("partition_key", "id")
+        .values_list("id", "event_type", "payload", "received_at", "status")[:limit]
+    )
+    found = [Behind(*row) for row in rows]
+    return store().now(), found
+
+
+def clock() -> datetime:
+    """The database's clock (a start deadline is kept by it)."""
+    return store().now()
+
+
+def take(
+    lease: Any,
+    *,
+    members: Sequence[int],
+    memo: str,
+    value: Any,
+    lease_seconds: float | None = None,
+) -> None:
+    """End ``members`` (jobs waiting behind the lease's job in its chat) as taken into its turn
+    and record ``value`` as its step ``memo``; one transaction, fenced (``LeaseLost``: nothing
+    changed). ``TurnChanged`` when a member is no longer waiting: nothing changed either."""
+    seconds = lease_seconds or checked_settings().LEASE_SECONDS
+    key = lease.partition_key
+    with store().transaction():
+        store().lock_partitions([key])
+        if store().renew(lease, seconds) is None:
+            why = why_not_held(lease) or "its lease is lost"
+            raise LeaseLost(f"Cannot form the turn of job {lease.job_id}: {why}.")
+        if members:
+            taken = (
+                EventJob.objects.filter(
+                    id__in=list(members),
+                    partition_key=key,
+                    status__in=(Status.QUEUED, Status.RETRY_WAIT),
+                )
+                .exclude(id=lease.job_id)
+                .update(
+                    status=Status.COMPLETED,
+                    error_type=COALESCED,
+                    error_message=f"Taken into the turn of job {lease.job_id}.",
+                    finished_at=timezone.now(),
+                    lease_token="",
+                    lease_until=None,
+                )
+            )
+            if taken != len(set(members)):
+                transaction.set_rollback(True)
+                raise TurnChanged(
+                    f"{len(set(members)) - taken} of the messages behind job {lease.job_id} "
+                    "stopped waiting while its turn was formed."
+                )
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        # The partition's head stays the running turn: its finish moves the head past them.
+        if not store().record_step(lease, name=memo, result=text, took=0.0):
+            raise LeaseLost(f"Cannot record the turn of job {lease.job_id}: its lease is lost.")
+    telemetry.TURN_MESSAGES.labels("coalesced").inc(len(members))
+
+
+# --- cleanups ------------------------------------------------------------------------------
+
+
+def add_cleanup(
+    lease: Any, *, name: str, spec: dict[str, Any], lease_seconds: float | None = None
+) -> bool:
+    """Record ``spec`` to be enqueued once the lease's job has ended; fenced (``LeaseLost``).
+    False when a cleanup of that name was recorded already (by an earlier attempt)."""
+    seconds = lease_seconds or checked_settings().LEASE_SECONDS
+    with store().transaction():
+        if store().renew(lease, seconds) is None:
+            why = why_not_held(lease) or "its lease is lost"
+            raise LeaseLost(f"Cannot add a cleanup to job {lease.job_id}: {why}.")
+        if TurnCleanup.objects.filter(job_id=lease.job_id, name=name).exists():
+            return False
+        try:
+            with transaction.atomic():
+                TurnCleanup.objects.create(
+                    job_id=lease.job_id, name=name, spec=spec, created_at=timezone.now()
+                )
+        except IntegrityError:  # the same job's other thread, at the same instant
+            return False
+    return True
+
+
+def fire_cleanups(limit: int = FIRE_LIMIT) -> int:
+    """Enqueue the cleanups of jobs that have ended, each once; returns how many."""
+    live = EventJob.objects.filter(id=OuterRef("job_id")).exclude(status__in=ENDED)
+    with store().transaction():
+        due = list(
+            TurnCleanup.objects.select_for_update(skip_locked=True)
+            .filter(~Exists(live))
+            .order_by("id")[:limit]
+        )
+        if not due:
+            return 0
+        apps = dict(
+            EventJob.objects.filter(id__in={c.job_id for c in due}).values_list("id", "app")
+        )
+        for cleanup in due:
+            enqueue_spec(
+                cleanup.spec,
+                {
+                    "parent": cleanup.job_id,
+                    "generation": "end",
+                    "name": cleanup.name,
+                    "index": cleanup.pk,
+                    "app": apps.get(cleanup.job_id, "default"),
+                },
+            )
+        TurnCleanup.objects.filter(id__in=[c.pk for c in due]).delete()
+    telemetry.TURN_CLEANUPS.inc(len(due))
+    return len(due)
+
+
+def pending_cleanups(job_ids: Sequence[int]) -> dict[int, list[str]]:
+    """The cleanups still waiting for each of these jobs to end (admin, ``inbox show``)."""
+    found: dict[int, list[str]] = {}
+    for job_id, name in (
+        TurnCleanup.objects.filter(job_id__in=list(job_ids))
+        .order_by("id")
+        .values_list("job_id", "name")
+    ):
+        found.setdefault(job_id, []).append(name)
+    return found

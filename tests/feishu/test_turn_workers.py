@@ -1,0 +1,387 @@
+"""Conversation turns (SPEC §9g) end to end: messages delivered to a real webhook server
+(gunicorn, encrypted and signed) or over the long connection (real ``feishu_connect``
+processes and the fake endpoint), real ``runworker`` processes killed with SIGKILL, the fake
+Open API's messages, CardKit cards and reactions (``tests/support/turn_handlers.py``: the bot).
+
+A burst is one turn, one model call, one streamed reply, through kills in the quiet window and
+in the turn; a recalled message leaves its turn, and a turn of recalled messages answers
+nothing; ``/stop`` and the card's stop button end the streamed card "stopped" within 2 s; a
+7-hour-old backlog obeys the deadline's policy; the typing reaction comes off in every ending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from feishu_inbox.feishu import streams
+from feishu_inbox.feishu.turns import REMOVE_REACTION, stop_value
+from feishu_inbox.models import EventJob, Status
+from feishu_inbox.tables.turns import TurnCleanup
+from tests.support.connect_helpers import Connectors, apps_for, connected
+from tests.support.fake_feishu import FakeFeishu
+from tests.support.fake_feishu_ws import FakeLongConnection, card_action
+from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
+from tests.support.processes import free_port, start_server, stop, wait_for
+from tests.support.worker_helpers import Workers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+APP_ID, SECRET = "cli_reply_test", "s3cret"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeFeishu]:
+    with FakeFeishu(apps={APP_ID: SECRET}) as fake:
+        yield fake
+
+
+def turn_env(fake: FakeFeishu, app: str = "default", **env: str) -> dict[str, str]:
+    settings = {
+        "APPS": {app: {"APP_ID": APP_ID, "APP_SECRET": SECRET, "DOMAIN": fake.url}},
+        "POLL_INTERVAL": 0.2,
+        "BACKOFF_BASE": 0.1,
+    }
+    return {
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings_json",
+        "DEMO_APP": "0",
+        "FEISHU_INBOX_JSON": json.dumps(settings),
+        "FEISHU_INBOX_HANDLERS": "tests.support.turn_handlers",
+        **env,
+    }
+
+
+@dataclass
+class Chat:
+    """Sends a chat's messages (and recalls) through one transport."""
+
+    send: Any  # (envelope) -> None
+    fake: FakeFeishu
+    chat_id: str
+    sent: list[str] = field(default_factory=list)
+
+    def say(self, text: str, *, age: float = 0.0) -> str:
+        envelope = message_event(chat_id=self.chat_id, text=text)
+        created = str(int((time.time() - age) * 1000))
+        envelope["header"]["create_time"] = created
+        envelope["event"]["message"]["create_time"] = created
+        message_id = envelope["event"]["message"]["message_id"]
+        self.fake.add_inbound(message_id, self.chat_id)
+        self.send(envelope)
+        self.sent.append(message_id)
+        return message_id
+
+    def recall(self, message_id: str) -> None:
+        self.fake.reactions.recall(message_id)
+        envelope = message_event(chat_id=self.chat_id)
+        envelope["header"]["event_type"] = "im.message.recalled_v1"
+        envelope["event"] = {
+            "message_id": message_id,
+            "chat_id": self.chat_id,
+            "recall_time": str(int(time.time() * 1000)),
+            "recall_type": "message_owner",
+        }
+        self.send(envelope)
+
+
+@pytest.fixture
+def webhook() -> Iterator[Any]:
+    """A gunicorn webhook server: ``send(envelope)`` posts it encrypted and signed."""
+    port = free_port()
+    proc = start_server(
+        port,
+        DJANGO_SETTINGS_MODULE="tests.support.settings_json",
+        DEMO_APP="0",
+        FEISHU_ENCRYPT_KEY=ENCRYPT_KEY,
+        FEISHU_VERIFICATION_TOKEN=TOKEN,
+        LOG_LEVEL="ERROR",
+    )
+    url = f"http://127.0.0.1:{port}/feishu/events/"
+
+    def send(envelope: dict[str, Any]) -> None:
+        body, headers = delivery(envelope)
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+
+    try:
+        yield send
+    finally:
+        stop(proc)
+
+
+def chat_on(transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, name: str) -> Chat:
+    if transport == "webhook":
+        return Chat(request.getfixturevalue("webhook"), fake, name)
+    fake_ws: FakeLongConnection = request.getfixturevalue("fake_ws")
+    connectors: Connectors = request.getfixturevalue("connectors")
+    connectors.start(apps_for(fake_ws, default="cli_a"))
+    connected(fake_ws, 1)
+
+    def send(envelope: dict[str, Any]) -> None:
+        event_id = fake_ws.push("cli_a", envelope)
+        wait_for(lambda: fake_ws.acked(event_id), 30, f"the ACK of {event_id}")
+
+    return Chat(send, fake, name)
+
+
+def jobs(chat: Chat) -> list[EventJob]:
+    connection.close()  # a fresh snapshot of what the workers committed
+    return list(EventJob.objects.filter(partition_key__endswith=chat.chat_id).order_by("id"))
+
+
+def replies_to(fake: FakeFeishu, message_ids: list[str]) -> list[Any]:
+    return [m for m in list(fake.messages) if m.parent_id in message_ids]
+
+
+def settled(chat: Chat, count: int) -> bool:
+    """Every one of the chat's ``count`` jobs has ended, and no cleanup waits."""
+    found = jobs(chat)
+    return (
+        len(found) >= count
+        and all(j.status in (Status.COMPLETED, Status.FAILED, Status.UNKNOWN) for j in found)
+        and not TurnCleanup.objects.exists()
+        and not EventJob.objects.filter(event_type=REMOVE_REACTION)
+        .exclude(status=Status.COMPLETED)
+        .exists()
+    )
+
+
+def card_of(fake: FakeFeishu, message_ids: list[str]) -> Any:
+    found = [m.card_id for m in replies_to(fake, message_ids) if m.card_id]
+    return fake.cardkit.cards.get(found[0]) if found else None
+
+
+@pytest.mark.parametrize("transport", ["webhook", "long_connection"])
+def test_a_burst_is_one_turn_one_model_call_one_streamed_reply(
+    transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = chat_on(transport, request, fake, "oc_burst")
+    started = time.monotonic()
+    for text in ("hi", "can you", "summarise the doc", "I sent yesterday", "in English"):
+        chat.say(text)  # five messages within a second, each stored before its answer
+    print(f"5 messages delivered in {time.monotonic() - started:.2f}s")
+    # (the worker starts after them: on a loaded machine two deliveries may be further apart
+    # than the quiet window; the next test's burst meets a live worker's quiet window)
+    workers.start("--concurrency", "4", **turn_env(fake))
+    wait_for(lambda: settled(chat, 5), 60, "the turn and its cleanup")
+
+    [turn] = workers.lines("turn")
+    assert turn[4:] == ["5", "hi|can_you|summarise_the_doc|I_sent_yesterday|in_English"]
+    assert len(workers.lines("llm")) == 1
+    found = jobs(chat)
+    assert [j.error_type for j in found] == [""] + ["Coalesced"] * 4
+    [reply] = replies_to(fake, chat.sent)
+    assert reply.parent_id == chat.sent[-1]  # the turn answers its newest message
+    card = fake.cardkit.cards[reply.card_id]
+    assert not card.streaming and card.elements[streams.ELEMENT_ID].startswith("w0:")
+    # the typing reaction was added to the newest message and is gone
+    assert [r.message_id for r in fake.reactions.added] == [chat.sent[-1]]
+    assert fake.reactions.left() == []
+
+
+def test_kills_in_the_quiet_window_and_in_the_turn_still_make_one_turn(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, "oc_kills")
+    env = turn_env(fake)
+    first = workers.start("--lease-seconds", "2", **env)
+    chat.say("gate:on")
+
+    def deferred() -> bool:  # the worker claimed the burst's first message and put it back
+        found = jobs(chat)
+        return bool(found) and found[0].error_message.startswith("Coalescing")
+
+    wait_for(deferred, 60, "the burst's first message to wait for the quiet window")
+    os.kill(first.pid, signal.SIGKILL)  # inside the quiet window
+    first.wait(10)
+    chat.say("second")
+    chat.say("third")
+    second = workers.start("--lease-seconds", "2", **env)
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    os.kill(second.pid, signal.SIGKILL)  # inside the turn, after the model answered
+    second.wait(10)
+    workers.open_gate("on")
+    workers.start("--lease-seconds", "2", **env)
+    wait_for(lambda: settled(chat, 3), 90, "the turn and its cleanup")
+
+    turns = workers.lines("turn")
+    assert len(turns) >= 2 and {t[1] for t in turns} == {str(jobs(chat)[0].id)}
+    assert {t[-1] for t in turns} == {"gate:on|second|third"}  # one membership
+    assert len(workers.lines("llm")) == 1  # memoized: the model is paid once
+    assert len(replies_to(fake, chat.sent)) == 1
+    assert fake.reactions.left() == []
+
+
+def test_a_recalled_message_leaves_its_turn_and_a_turn_of_recalled_ones_answers_nothing(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, "oc_recall")
+    gone = chat.say("never mind this")
+    kept = chat.say("but answer this")
+    chat.recall(gone)  # before the worker even starts: in the turn's quiet window
+    workers.start(**turn_env(fake))
+    wait_for(lambda: settled(chat, 3), 60, "the first turn")
+    assert [t[-1] for t in workers.lines("turn")] == ["but_answer_this"]
+    assert [m.parent_id for m in replies_to(fake, chat.sent)] == [kept]
+
+    only = chat.say("oops")
+    chat.recall(only)
+    wait_for(lambda: settled(chat, 5), 60, "the second turn")
+    assert len(workers.lines("turn")) == 1 and len(workers.lines("llm")) == 1
+    assert replies_to(fake, [only]) == []
+    assert jobs(chat)[3].error_type == "Recalled"
+    assert fake.reactions.left() == []
+
+
+@pytest.mark.parametrize("how", ["command", "button"])
+def test_a_stop_ends_the_streamed_card_stopped_within_two_seconds(
+    how: str, request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = chat_on("webhook" if how == "command" else "long_connection", request, fake, "oc_stop")
+    workers.start(**turn_env(fake))
+    chat.say("slow")
+    wait_for(lambda: (c := card_of(fake, chat.sent)) and c.texts(streams.ELEMENT_ID), 60, "text")
+    card = card_of(fake, chat.sent)
+    started = time.monotonic()
+    if how == "command":
+        chat.say("/stop")
+    else:
+        fake_ws: FakeLongConnection = request.getfixturevalue("fake_ws")
+        [job] = jobs(chat)
+        assert [e for e in card.data["body"]["elements"] if e["tag"] == "button"]
+        click = card_action()
+        click["event"]["action"]["value"] = stop_value(job.id)
+        event_id = fake_ws.push("cli_a", click)
+        wait_for(lambda: fake_ws.acked(event_id), 30, "the click's ACK")
+        assert fake_ws.acks_of(event_id)[0].data["toast"]["content"] == "Stopping…"
+    wait_for(lambda: not card.streaming, 30, "the card to stop streaming")
+    took = time.monotonic() - started
+    assert took < 2.0, f"the card stopped {took:.2f}s after the stop"
+    assert card.elements[streams.ELEMENT_ID].endswith(streams.STOPPED_MARKER)
+    operations = len(card.arrivals)
+    wait_for(lambda: settled(chat, len(chat.sent)), 60, "the turn to end")
+    assert len(card.arrivals) == operations  # nothing after the card stopped streaming
+    assert jobs(chat)[0].error_type in ("Stopped", "Cancelled")
+    assert workers.lines("streamed") == []
+    assert fake.reactions.left() == []
+
+
+@pytest.mark.parametrize("policy", ["skip", "notice", "run"])
+def test_a_seven_hour_old_backlog_obeys_the_start_deadline(
+    policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    old = [Chat(webhook, fake, f"oc_old_{n}") for n in range(3)]
+    for chat in old:
+        chat.say("from this morning", age=7 * 3600)
+    fresh = Chat(webhook, fake, "oc_fresh")
+    fresh.say("just now")
+    workers.start("--concurrency", "4", **turn_env(fake, TURN_STALE_POLICY=policy))
+    wait_for(lambda: all(settled(c, 1) for c in [*old, fresh]), 60, "the backlog")
+
+    answered = {m.parent_id for m in fake.messages}
+    assert fresh.sent[0] in answered  # on time: its turn ran
+    late = [chat.sent[0] for chat in old]
+    if policy == "run":
+        assert set(late) <= answered and len(workers.lines("llm")) == 4
+        return
+    assert len(workers.lines("llm")) == 1
+    assert [j.error_type for c in old for j in jobs(c)] == ["Stale"] * 3
+    notices = [m for m in fake.messages if m.parent_id in late]
+    if policy == "notice":
+        assert len(notices) == 3 and all("too late" in m.content for m in notices)
+    else:
+        assert notices == []
+
+
+@pytest.mark.parametrize("ending", ["fail", "unknown", "sleep", "cancel", "superseded"])
+def test_the_typing_reaction_comes_off_however_the_turn_ends(
+    ending: str, webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    from feishu_inbox.ledger import operators
+
+    chat = Chat(webhook, fake, f"oc_end_{ending}")
+    env = turn_env(
+        fake,
+        TURN_ATTEMPTS="1",
+        TURN_TIMEOUT="1",
+        TURN_DURING="supersede" if ending == "superseded" else "queue",
+    )
+    workers.start("--lease-seconds", "2", **env)
+    text = {"cancel": "hold", "superseded": "hold"}.get(ending, ending)
+    chat.say(text)
+    if ending == "unknown":  # the process died inside an effect: a new worker ends it
+        wait_for(lambda: workers.lines("side"), 60, "the effect")
+        workers.start("--lease-seconds", "2", **env)
+    if ending in ("cancel", "superseded"):
+        wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+        if ending == "cancel":
+            operators.cancel([jobs(chat)[0].id])
+        else:
+            chat.say("and another thing")
+    wait_for(lambda: len(fake.reactions.added) >= 1, 60, "the reaction")
+    wait_for(lambda: settled(chat, len(chat.sent)) and not fake.reactions.left(), 90, "cleanup")
+    first = jobs(chat)[0]
+    expected = {
+        "fail": (Status.FAILED, "ValueError"),
+        "unknown": (Status.UNKNOWN, "LeaseExpiredAfterSideEffect"),
+        "sleep": (Status.FAILED, "TimedOut"),
+        "cancel": (Status.COMPLETED, "Cancelled"),
+        "superseded": (Status.COMPLETED, "Superseded"),
+    }[ending]
+    assert (first.status, first.error_type) == expected
+    removed = [r for r in fake.reactions.removed if r.message_id == chat.sent[0]]
+    assert len(removed) == len([r for r in fake.reactions.added if r.message_id == chat.sent[0]])
+    assert EventJob.objects.filter(event_type=REMOVE_REACTION, parent_id__isnull=True).count() >= 1
+
+
+def formed(chat: Chat) -> bool:
+    """The chat's newest message is in a turn that has begun (or has ended)."""
+    newest = jobs(chat)[-1]
+    return newest.status != Status.QUEUED and newest.status != Status.RETRY_WAIT
+
+
+def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    rng = random.Random(50)
+    env = turn_env(fake)
+    args = ("--concurrency", "4", "--lease-seconds", "2")
+    procs = [workers.start(*args, **env) for _ in range(2)]
+    chats = [Chat(webhook, fake, f"oc_many_{n}") for n in range(20)]
+    for round_ in range(5):
+        for chat in chats:
+            for n in range(rng.choice((1, 1, 2, 3))):
+                chat.say(f"round{round_} part{n}")
+        # a kill of a random worker while turns run (after a turn of the round began)
+        before = len(workers.lines("turn"))
+        wait_for(lambda before=before: len(workers.lines("turn")) > before, 60, "a turn")
+        victim = rng.randrange(len(procs))
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait(10)
+        procs[victim] = workers.start(*args, **env)
+        # the round's turns formed before the next round is sent (one turn a chat a round)
+        wait_for(lambda: all(formed(c) for c in chats), 120, f"round {round_}'s turns")
+    total = sum(len(c.sent) for c in chats)
+    wait_for(lambda: all(settled(c, len(c.sent)) for c in chats), 240, f"{total} messages")
+
+    turn_jobs = {t[1] for t in workers.lines("turn")}
+    ran = EventJob.objects.filter(event_type="im.message.receive_v1").exclude(
+        error_type="Coalesced"
+    )
+    assert len(turn_jobs) == ran.count() >= 100
+    assert all(j.status == Status.COMPLETED for j in ran), [
+        (j.id, j.status, j.error_type) for j in ran if j.status != Status.COMPLETED
+    ]
+    assert fake.reactions.left() == [], fake.reactions.left()
+    assert len(fake.reactions.removed) == len(fake.reactions.added) >= 100
