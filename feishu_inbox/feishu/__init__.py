@@ -15,7 +15,9 @@
   after a crash (its state in ``ledger/streams.py``);
 - ``asks``: ``ask``, a question in a card with a button per choice, a durable wait for the
   click (its wait in ``ledger/waits.py``); ``questions``: the click, decided under the
-  question's key before the webhook or the long connection answers it.
+  question's key before the webhook or the long connection answers it;
+- ``turns``: conversation turns on Feishu: messages and recalls read from events, ``typing``
+  (a reaction removed once the turn ends), the stop button, the reaction cleanup kind.
 
 A new Feishu API call goes in ``openapi`` (the request, its answers as errors) and, when a
 handler makes it, beside ``reply`` in ``replies`` as an effect.

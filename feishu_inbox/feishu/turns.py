@@ -80,7 +80,7 @@ class FeishuMessages:
             message_id=message["message_id"],
             text=_text(message),
             sender=str(sender_id.get("open_id", "")) if isinstance(sender_id, dict) else "",
-            sent_at=_seconds(message.get("create_time")) or self.sent_at(payload),
+            sent_at=_first(_seconds(message.get("create_time")), self.sent_at(payload)),
             msg_type=str(message.get("message_type", "")),
         )
 
@@ -109,6 +109,10 @@ def _seconds(milliseconds: Any) -> float | None:
         return int(milliseconds) / 1000.0
     except (TypeError, ValueError):
         return None
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@
   resume and time out).
 - ``workflows``: children spawned once and awaited, batches and chains fired once;
   ``trees``: a workflow as operators see it and act on it.
+- ``turns``: conversation turns (what waits behind a turn, its membership taken once, the
+  cleanups enqueued once after a job ended).
 - ``kinds``: the kinds of job (Feishu events, schedule occurrences, tasks …) in one open
   registry; ``schedules``: the schedules' rows (watermark, pause, last job); ``wakeups``: how
   workers are woken (NOTIFY) and how many claims run side by side.

@@ -3,7 +3,8 @@
 - ``specs``: what a workflow enqueues (``job``: a handler's event type or a ``@task``), and
   the enqueuer the ledger calls when a firing needs a job;
 - ``children``: ``spawn`` / ``spawn_many`` from a running job, ``wait_all`` / ``wait_any``;
-- ``grouping``: ``batch`` and ``chain`` from any Django code.
+- ``grouping``: ``batch`` and ``chain`` from any Django code;
+- ``cleanup``: ``on_finish``, a job that runs once after the running job ends (SPEC §9g).
 
 The ledger's side (memos, counting members' ends, firing once) is ``ledger/workflows.py``.
 Nothing here loads Django's models at import time: ``import feishu_inbox`` loads it.

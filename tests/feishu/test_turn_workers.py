@@ -385,3 +385,55 @@ def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
     ]
     assert fake.reactions.left() == [], fake.reactions.left()
     assert len(fake.reactions.removed) == len(fake.reactions.added) >= 100
+
+
+def test_a_message_sent_during_a_turn_merges_into_it_at_its_checkpoint(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, "oc_merge")
+    workers.start(**turn_env(fake, TURN_DURING="merge"))
+    chat.say("hold")
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    chat.say("and also this")
+    wait_for(lambda: settled(chat, 2), 60, "the turn")
+    assert [line[2:] for line in workers.lines("held")] == [["1", "0"]]
+    assert len(workers.lines("turn")) == 1 and workers.lines("streamed")[0][-1] == "1"
+    assert [j.error_type for j in jobs(chat)] == ["", "Coalesced"]
+    assert len(replies_to(fake, chat.sent)) == 1
+
+
+def test_a_recall_during_a_turn_is_flagged_on_it_and_its_reply_answers_what_is_left(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, "oc_flag")
+    first = chat.say("hold")
+    second = chat.say("this too")
+    workers.start(**turn_env(fake))
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    chat.recall(second)
+    wait_for(lambda: settled(chat, 3), 60, "the turn")
+    assert [line[2:] for line in workers.lines("held")] == [["0", "1"]]
+    assert [m.parent_id for m in replies_to(fake, chat.sent)] == [first]
+    assert fake.reactions.left() == []
+
+
+@pytest.mark.parametrize("policy", ["send", "drop"])
+def test_a_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
+    policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, f"oc_gone_{policy}")
+    chat.say("gate:go")
+    target = chat.say("answer me")
+    workers.start(**turn_env(fake, TURN_ON_RECALLED=policy))
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    fake.reactions.recall(target)  # Feishu refuses replies to it now (230011)
+    workers.open_gate("go")
+    wait_for(lambda: settled(chat, 2), 60, "the turn")
+    head = jobs(chat)[0]
+    sent = [m for m in fake.messages if m.kind == "send" and m.chat_id == chat.chat_id]
+    if policy == "send":
+        assert head.error_type == "" and len(sent) == 1 and sent[0].card_id
+        assert not fake.cardkit.cards[sent[0].card_id].streaming
+    else:
+        assert head.error_type == "Recalled" and sent == []
+    assert replies_to(fake, chat.sent) == []

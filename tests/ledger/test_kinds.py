@@ -41,6 +41,7 @@ def test_the_built_in_kinds_are_registered_when_the_app_is_ready() -> None:
         "schedule": "schedule occurrences",
         "task": "django.tasks tasks",
         "webhook": "outbound webhook deliveries",
+        "reaction": "reaction cleanups",
     }
     assert kinds.kind_of("im.message.receive_v1").name == "event"
     assert kinds.kind_of("webhook:ep_1").name == "webhook"

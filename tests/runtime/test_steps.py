@@ -42,6 +42,7 @@ def running(claimed: ledger.ClaimedJob) -> context.JobContext:
         partition_key=claimed.lease.partition_key,
         attempt=claimed.lease.attempt,
         private_message=claimed.private_message,
+        received_at=claimed.received_at,
     )
     return context.JobContext(lease=claimed.lease, event=event, has_steps=claimed.has_steps)
 

@@ -5,7 +5,8 @@ events.log``; what a message's text asks for steers it:
 
 - ``slow``: the answer streams a word every 50 ms (a stop lands mid-stream);
 - ``gate:NAME``: wait for the test's gate after the model answered (a kill lands in the turn);
-  ``hold``: call ``checkpoint()`` every 10 ms for a minute (a cancel or a newer message ends it);
+  ``hold``: call ``checkpoint()`` every 10 ms for a minute, or until a message was merged into
+  the turn or one of its messages recalled (a cancel or a newer message ends it);
 - ``fail``: raise after the model (attempts: TURN_ATTEMPTS); ``unknown``: a plain effect, then
   the process dies inside it; ``sleep``: sleep past the handler's timeout.
 
@@ -60,9 +61,10 @@ def turn(event: Event) -> None:
         if word == "hold":  # at a checkpoint every 10 ms until a stop, cancel or newer message
             record("gated", event.job_id, pid)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (event.turn.merged or event.turn.recalled):
                 feishu_inbox.checkpoint()
                 time.sleep(0.01)
+            record("held", event.job_id, event.turn.merged, len(event.turn.recalled))
     if "fail" in text.split():
         raise ValueError("the handler failed")
     if "unknown" in text.split():
