@@ -11,7 +11,7 @@ from Feishu's documentation, independent of feishu_inbox's code:
   an unknown one answers 231008 (the fake's reading of Feishu's "reaction not found").
 
 A message ``recall``-ed by its sender refuses replies and reactions with 230011 ("The message
-was withdrawn."), as Feishu does.
+was withdrawn."), as Feishu does; its reactions are gone with it.
 """
 
 from __future__ import annotations
@@ -57,12 +57,17 @@ class Reactions:
         self.live: dict[str, Reaction] = {}
         self.added: list[Reaction] = []
         self.removed: list[Reaction] = []
+        self.vanished: list[Reaction] = []  # gone with their recalled message
         self.recalled: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (operation, message id)
 
     def recall(self, message_id: str) -> None:
+        """The sender recalled the message: it is withdrawn, and its reactions with it."""
         with self._lock:
             self.recalled.add(message_id)
+            for reaction in [r for r in self.live.values() if r.message_id == message_id]:
+                del self.live[reaction.reaction_id]
+                self.vanished.append(reaction)
 
     def on(self, message_id: str, emoji: str | None = None) -> list[Reaction]:
         with self._lock:
