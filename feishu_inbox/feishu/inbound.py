@@ -46,6 +46,10 @@ def store(
     Traced (``tracing.py``) as ``feishu_inbox receive``: a child of the current span (the
     request's), else of ``traceparent`` (the delivery's header), else a new trace; the job
     keeps that span's context."""
+    if keys is None and envelope.event_type == turns.RECALL_EVENT:
+        keys = protocol.keys_for(envelope)
+        if not protocol.has_key_function(envelope.event_type):
+            keys = turns.recall_keys(app, keys, envelope)
     keys = keys or protocol.keys_for(envelope)
     with tracing.span(
         "feishu_inbox receive",

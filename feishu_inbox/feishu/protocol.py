@@ -396,6 +396,11 @@ def default_keys(envelope: Envelope) -> EventKeys:
     return EventKeys(dedupe_key=dedupe[:255], partition_key=partition, private_message=private)
 
 
+def has_key_function(event_type: str) -> bool:
+    """Whether the site registered its own key function for this event type."""
+    return event_type in _key_functions
+
+
 def keys_for(envelope: Envelope) -> EventKeys:
     fn = _key_functions.get(envelope.event_type, default_keys)
     keys = fn(envelope)

@@ -62,7 +62,7 @@ from ..errors import (
     LeaseLost,
 )
 from ..runtime.context import Event, JobContext, current
-from ..runtime.handlers import checkpoint, in_db_thread
+from ..runtime.handlers import in_db_thread, safe_point
 from ..runtime.writes import write
 from . import cardkit, openapi, replies, turns
 
@@ -280,7 +280,7 @@ class StreamedCard:
         """Append ``chunk`` to the answer; the card shows it with the next update."""
         if not isinstance(chunk, str):
             raise TypeError(f"write() takes text (got {type(chunk).__name__})")
-        checkpoint()  # a safe point: a stop, a cancel or a newer message ends the answer here
+        safe_point()  # a stop, a cancel or a newer message ends the answer here
         self._written += chunk
         self._maybe_flush()
 
@@ -289,7 +289,7 @@ class StreamedCard:
         streamed tokens were written)."""
         if not isinstance(text, str):
             raise TypeError(f"set() takes text (got {type(text).__name__})")
-        checkpoint()
+        safe_point()
         self._written = text
         self._maybe_flush()
 
@@ -556,6 +556,7 @@ class AsyncStreamedCard:
         card = self._card
         if not isinstance(text, str):
             raise TypeError(f"set() takes text (got {type(text).__name__})")
+        safe_point()  # as the sync card's: a stop ends the answer here
         card._written = text
         wait = WHOLE_UPDATE_INTERVAL if card._streaming_over() else card._interval
         if time.monotonic() - card._last_flush >= wait:

@@ -40,7 +40,7 @@ from django.core import signing
 
 from ..errors import FeishuAPIError, FeishuBusinessError
 from ..ledger.kinds import JobKind
-from ..runtime import turns
+from ..runtime import cleanups, turns
 from ..runtime.context import Event, current
 from ..runtime.turns import Message
 from . import openapi, protocol
@@ -138,8 +138,33 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def _notice(event: Event, text: str) -> None:
-    """A stale message's notice: a reply (an idempotent effect, as any reply)."""
-    reply(event, text, name="stale-notice")
+    """A stale message's notice: a reply (an idempotent effect, as any reply). One Feishu
+    refuses (the message recalled meanwhile) was not sent: logged, and the message ends."""
+    try:
+        reply(event, text, name="stale-notice")
+    except FeishuBusinessError as exc:
+        log.warning("job %s: its late notice was refused: %s", event.job_id, exc)
+
+
+def recall_keys(
+    app: str, keys: protocol.EventKeys, envelope: protocol.Envelope
+) -> protocol.EventKeys:
+    """A recall's partition is its message's (a topic thread's, whose recall names no thread):
+    so the turn that holds the message sees it behind itself."""
+    from ..ledger import turns as ledger_turns
+
+    message_id = envelope.event.get("message_id")
+    if not isinstance(message_id, str) or not message_id:
+        return keys
+    found = ledger_turns.partition_of(app, f"message:{message_id}")
+    prefix = f"{app}:"
+    if found is None or not found.startswith(prefix):
+        return keys
+    return protocol.EventKeys(
+        dedupe_key=keys.dedupe_key,
+        partition_key=found[len(prefix) :],
+        private_message=keys.private_message,
+    )
 
 
 turns.set_transport(FeishuMessages(), _notice)
@@ -153,8 +178,10 @@ def typing(event: Event, emoji: str = TYPING) -> str:
     the job ends, however it ends; returns the message id. A reaction Feishu refuses (the
     scope ``im:message.reactions:write_only`` missing, the message recalled) is logged."""
     message_id = target_message(event)
-    turns.on_finish(
-        turns.handler_spec(REMOVE_REACTION, {"message_id": message_id, "emoji": emoji}, event.app),
+    cleanups.on_finish(
+        cleanups.handler_spec(
+            REMOVE_REACTION, {"message_id": message_id, "emoji": emoji}, event.app
+        ),
         name=f"reaction:{emoji}:{message_id}"[:64],
     )
     current().ensure_alive()  # a lease lost since: the cleanup is recorded, nothing added

@@ -68,17 +68,27 @@ class Behind:
     status: str
 
 
-def behind(job_id: int, partition_key: str, limit: int) -> tuple[datetime, list[Behind]]:
-    """The database's clock, and the unresolved jobs after ``job_id`` in its partition, oldest
-    first, at most ``limit`` (through the partition's index of unresolved jobs)."""
-    rows = (
-        EventJob.objects.filter(partition_key=partition_key, id__gt=job_id)
-        .exclude(status=Status.COMPLETED)
-        .order_by("partition_key", "id")
-        .values_list("id", "event_type", "payload", "received_at", "status")[:limit]
+def behind(
+    job_id: int, partition_key: str, limit: int, *, clock: bool = True
+) -> tuple[datetime | None, list[Behind]]:
+    """The database's clock (None unless ``clock``), and the unresolved jobs after ``job_id``
+    in its partition, oldest first, at most ``limit`` (through the partition's index of
+    unresolved jobs)."""
+    now, rows = store().turn_behind(job_id, partition_key, limit)
+    found = [
+        Behind(r["id"], r["event_type"], r["payload"], r["received_at"], r["status"]) for r in rows
+    ]
+    return (now if clock else None), found
+
+
+def partition_of(app: str, dedupe_key: str) -> str | None:
+    """The partition of the app's job of this dedupe key (a message's), if it is stored."""
+    found = (
+        EventJob.objects.filter(app=app, dedupe_key=dedupe_key)
+        .values_list("partition_key", flat=True)
+        .first()
     )
-    found = [Behind(*row) for row in rows]
-    return store().now(), found
+    return str(found) if found is not None else None
 
 
 def clock() -> datetime:
@@ -92,11 +102,22 @@ def take(
     members: Sequence[int],
     memo: str,
     value: Any,
+    private: bool = False,
+    keep_private: bool = False,
+    how: str = "coalesced",
     lease_seconds: float | None = None,
 ) -> None:
     """End ``members`` (jobs waiting behind the lease's job in its chat) as taken into its turn
     and record ``value`` as its step ``memo``; one transaction, fenced (``LeaseLost``: nothing
-    changed). ``TurnChanged`` when a member is no longer waiting: nothing changed either."""
+    changed). ``TurnChanged`` when a member is no longer waiting: nothing changed either.
+
+    The turn's job stops being a private message (SPEC §4's supersede: ``private``, its flag)
+    unless ``keep_private``: its handler's ``during`` says what a newer message does to it. A
+    turn of its first message alone is its record: one fenced statement."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    if not members and not (private and not keep_private):
+        _record(lease, memo, text)
+        return
     seconds = lease_seconds or checked_settings().LEASE_SECONDS
     key = lease.partition_key
     with store().transaction():
@@ -117,8 +138,6 @@ def take(
                     error_type=COALESCED,
                     error_message=f"Taken into the turn of job {lease.job_id}.",
                     finished_at=timezone.now(),
-                    lease_token="",
-                    lease_until=None,
                 )
             )
             if taken != len(set(members)):
@@ -127,11 +146,21 @@ def take(
                     f"{len(set(members)) - taken} of the messages behind job {lease.job_id} "
                     "stopped waiting while its turn was formed."
                 )
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         # The partition's head stays the running turn: its finish moves the head past them.
-        if not store().record_step(lease, name=memo, result=text, took=0.0):
-            raise LeaseLost(f"Cannot record the turn of job {lease.job_id}: its lease is lost.")
-    telemetry.TURN_MESSAGES.labels("coalesced").inc(len(members))
+        _record(lease, memo, text)
+        if private and not keep_private:
+            EventJob.objects.filter(id=lease.job_id).update(private_message=False)
+    telemetry.TURN_MESSAGES.labels(how).inc(len(members))
+
+
+def _record(lease: Any, memo: str, text: str) -> None:
+    """The turn's step, fenced: ``LeaseLost`` when the lease is gone; ``TurnChanged`` when the
+    step is there already (the caller's numbering was stale)."""
+    if not store().record_step(lease, name=memo, result=text, took=0.0):
+        lost = why_not_held(lease)
+        if lost is None:
+            raise TurnChanged(f"Job {lease.job_id} recorded its step {memo!r} already.")
+        raise LeaseLost(f"Cannot record the turn of job {lease.job_id}: {lost}.")
 
 
 # --- cleanups ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@
   ``waits``: durable waits (``sleep``, ``sleep_until``, ``wait_for``, ``signal``);
   ``limits``: rate limits and concurrency slots taken from inside a job; ``turns``: a
   chat's burst formed into one turn, what a running turn learns (stop, recall, merge), and
-  ``on_finish``'s cleanups recorded.
+  ``cleanups``: ``on_finish``'s cleanups recorded.
 
 It reads and writes the ledger only through ``feishu_inbox.ledger``; what the layers above it
 offer (schedules, the Feishu SDK, task queues) the ``runworker`` command hands to the worker.

@@ -57,6 +57,16 @@ def checkpoint() -> None:
         turns.merge(ctx)
 
 
+def safe_point() -> None:
+    """A checkpoint that takes nothing in: stop here if asked to (a cancel, a stop command, a
+    newer message), as a streamed card's write does. Messages a turn merges join it only at
+    the handler's own ``checkpoint()``, where it looks at ``event.turn`` again."""
+    ctx = current()
+    ctx.ensure_alive()
+    ctx.ensure_in_time()
+    _stop_if_asked(ctx)
+
+
 def _stop_if_asked(ctx: JobContext) -> None:
     """Raise what an operator's cancel, a stop command or a newer message asked for."""
     if ctx.cancelled.is_set():

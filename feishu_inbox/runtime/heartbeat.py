@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import time
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import telemetry
 from ..errors import LeaseLost, TimedOut
 from ..ledger import rules as ledger
-from . import attempts, turns, writes
+from . import attempts, registry, turns, writes
 from .claimer import Claimer
 from .context import JobContext
 from .executor import Executor
@@ -103,7 +103,7 @@ class Heartbeat:
         for job_id, signal_ in found.items():
             if signal_.cancelled:
                 running[job_id].cancelled.set()
-            if signal_.superseded:
+            if signal_.superseded and not self._turns(running[job_id]):
                 running[job_id].interrupt.set()
         in_turns = [ctx for ctx in running.values() if ctx.turn_spec is not None]
         if in_turns:  # a stop command, a recall, a new message behind a turn (SPEC §9g)
@@ -111,6 +111,14 @@ class Heartbeat:
                 turns.look_behind(in_turns)
             except DATABASE_AWAY:
                 writes.drop_connection()
+            except DatabaseError as exc:  # a statement refused: logged, looked at next tick
+                log.warning("looking behind the running turns failed (%s)", exc)
+
+    @staticmethod
+    def _turns(ctx: JobContext) -> bool:
+        """Whether the job's handler coalesces: then its ``during`` decides what a newer
+        message does, not the private-message rule (``turns.look_behind``)."""
+        return registry.turns_for(ctx.event.event_type)[0] is not None
 
     def time_out(self, ctx: JobContext) -> None:
         """A handler ran past its timeout and reached no checkpoint: end its attempt here.

@@ -96,6 +96,8 @@ def handler(
     elif coalesce is not None:
         found.extend(coalesce.problems(event_type))
     deadline = None
+    if stale_after is None and (on_stale != "skip" or stale_notice != DEFAULT_NOTICE):
+        found.append(f"on_stale and stale_notice of {event_type!r} need a stale_after")
     if stale_after is not None:
         if isinstance(stale_after, bool) or not isinstance(stale_after, timedelta | int | float):
             found.append(f"stale_after of {event_type!r} must be a timedelta or seconds")

@@ -33,21 +33,28 @@ Feishu's is set by ``feishu/turns.py``; this module knows no payload's shape.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
+
+from django.db import DatabaseError
 
 from ..errors import Cancelled, Concluded, Deferred
 
 if TYPE_CHECKING:
     from .context import Event, JobContext
 
+log = logging.getLogger("feishu_inbox.turns")
+
 #: The step a turn's membership is recorded as; a merge adds ``turn+1``, ``turn+2``…
 MEMO = "turn"
 DURING = ("queue", "merge", "supersede")
 ON_RECALL = ("flag", "cancel")
 ON_STALE = ("skip", "notice", "run")
+#: The longest quiet window or wait of a burst (a turn waits for people typing, not hours).
+MAX_SECONDS = 300.0
 DEFAULT_NOTICE = "Sorry, this message reached me too late to answer; please send it again."
 
 
@@ -94,11 +101,16 @@ class Turn:
     recalled: set[str] = field(default_factory=set)
     #: Messages merged into it while it ran (``during="merge"``), in order.
     merged: int = 0
+    #: How it ended without running, once decided ("Stopped", "Recalled", "Stale"; "": it runs).
+    end: str = ""
+    #: Merge steps recorded (``turn+1``…).
+    merges: int = 0
 
     @property
     def live(self) -> list[Message]:
         """Its messages that were not recalled, in receipt order."""
-        return [m for m in self.messages if m.message_id not in self.recalled]
+        recalled = set(self.recalled)  # (the heartbeat's thread adds to it)
+        return [m for m in self.messages if m.message_id not in recalled]
 
     @property
     def text(self) -> str:
@@ -116,7 +128,13 @@ class Turn:
         return [m.message_id for m in self.messages]
 
     def as_json(self) -> dict[str, Any]:
-        return {"messages": [m.as_json() for m in self.messages], "recalled": sorted(self.recalled)}
+        found: dict[str, Any] = {
+            "messages": [m.as_json() for m in self.messages],
+            "recalled": sorted(set(self.recalled)),
+        }
+        if self.end:
+            found["end"] = self.end
+        return found
 
 
 class MessageReader(Protocol):
@@ -159,8 +177,15 @@ class Coalesce:
         found = []
         for name in ("quiet", "max_wait"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                found.append(f"{name} of {event_type!r} must be a number of seconds >= 0")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value <= MAX_SECONDS
+            ):
+                found.append(
+                    f"{name} of {event_type!r} must be a number of seconds from 0 to "
+                    f"{MAX_SECONDS:g} (got {value!r})"
+                )
         for name in ("max_messages", "max_chars"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -171,13 +196,15 @@ class Coalesce:
             found.append(f"on_recall of {event_type!r} must be one of {', '.join(ON_RECALL)}")
         if self.on_recalled_reply not in ("send", "drop"):
             found.append(f"on_recalled_reply of {event_type!r} must be 'send' or 'drop'")
-        if isinstance(self.stop_commands, str) or not all(
-            isinstance(c, str) and c.strip() for c in self.stop_commands
+        commands = self.stop_commands
+        if not isinstance(commands, tuple | list) or not all(
+            isinstance(c, str) and c.strip() for c in commands
         ):
             found.append(f"stop_commands of {event_type!r} must be a tuple of non-empty texts")
         return found
 
     def is_stop(self, message: Message) -> bool:
+        """Whether the message is one of the stop commands (its text, trimmed)."""
         return message.text.strip() in {c.strip() for c in self.stop_commands}
 
 
@@ -197,7 +224,7 @@ class StartDeadline:
 
     def problems(self, event_type: str) -> list[str]:
         found = []
-        if not self.seconds > 0:
+        if not 0 < self.seconds < float("inf"):
             found.append(f"stale_after of {event_type!r} must be a positive duration")
         if self.policy not in ON_STALE:
             found.append(f"on_stale of {event_type!r} must be one of {', '.join(ON_STALE)}")
@@ -235,16 +262,18 @@ def begin(ctx: JobContext, spec: Coalesce | None, deadline: StartDeadline | None
 
     event = ctx.event
     reader = reader_of(spec)
-    memo = _recorded(ctx)
-    if memo is not None and spec is not None:
+    recorded = _recorded(ctx) if spec is not None else None
+    if recorded is not None and spec is not None:  # decided before: the same, whatever came
+        _conclude_if_ended(ctx, recorded, deadline)
         ctx.turn_spec = spec
-        ctx.event = replace(event, turn=memo)
+        ctx.event = replace(event, turn=recorded)
         return
     head = reader.message(event.job_id, event.event_id, event.event_type, event.payload)
     if spec is None or head is None:  # a start deadline alone
         if deadline is not None:
             now = writes.write(ctx, "read the clock for", lambda _: _db_clock())
-            _keep_deadline(ctx, deadline, reader.sent_at(event.payload), now, [])
+            if _late(deadline, reader.sent_at(event.payload), now, ctx):
+                _stale(ctx, deadline)
         return
     if spec.is_stop(head):  # the command itself: it stopped what ran, if anything did
         _count(event, "stopped")
@@ -258,30 +287,46 @@ def begin(ctx: JobContext, spec: Coalesce | None, deadline: StartDeadline | None
             ),
         )
         burst = _burst(spec, reader, head, event, rows)
-        members = [m.job_id for m in burst.members]
-        if deadline is not None:
-            _keep_deadline(ctx, deadline, head.sent_at, now, members)
-        if burst.stop:
-            _take(ctx, members, Turn([head, *burst.members]))
-            _count(event, "stopped")
-            raise Concluded("Stopped", "A stop command came before the turn ran.")
-        ready_at = burst.ready_at(spec, event.received_at)
-        if not burst.full and ready_at is not None and now < ready_at:
-            wait = (ready_at - now).total_seconds()
-            raise Deferred(wait, f"Coalescing the chat's messages for {wait:.2f}s more.")
-        turn = Turn([head, *burst.members], recalled=burst.recalled & {head.message_id, *burst.ids})
+        turn = Turn([head, *burst.members])
+        turn.recalled = burst.recalled & {m.message_id for m in turn.messages}
         try:
-            _take(ctx, members, turn)
+            if deadline is not None and _late(deadline, head.sent_at, now, ctx):
+                # the late ones (a prefix: they came in order) end with it; the rest wait
+                late = [m for m in burst.members if _late(deadline, m.sent_at, now, ctx)]
+                turn.messages, turn.end = [head, *burst.members[: len(late)]], "Stale"
+                _take(ctx, spec, turn)
+                _stale(ctx, deadline)
+            if burst.stop:
+                turn.end = "Stopped"
+                _take(ctx, spec, turn)
+                _conclude_if_ended(ctx, turn, deadline)
+            ready_at = burst.ready_at(spec, event.received_at)
+            if not burst.full and ready_at is not None and now < ready_at:
+                wait = (ready_at - now).total_seconds()
+                raise Deferred(wait, f"Coalescing the chat's messages for {wait:.2f}s more.")
+            if not turn.live:
+                turn.end = "Recalled"
+            _take(ctx, spec, turn)
         except ledger_turns.TurnChanged:
-            continue
-        if not turn.live:
-            _count(event, "recalled")
-            raise Concluded("Recalled", "Every message of the turn was recalled before it ran.")
+            continue  # an operator ended one of them meanwhile: nothing was taken
+        _conclude_if_ended(ctx, turn, deadline)
         _count(event, "run")
         ctx.turn_spec = spec
         ctx.event = replace(event, turn=turn)
         return
     raise Deferred(0.1, "The chat's messages changed while the turn was formed; looking again.")
+
+
+def _conclude_if_ended(ctx: JobContext, turn: Turn, deadline: StartDeadline | None) -> None:
+    """A turn decided to end without running ends so, on every attempt that reads it."""
+    if turn.end == "Stale" and deadline is not None:
+        _stale(ctx, deadline)
+    if turn.end == "Stopped":
+        _count(ctx.event, "stopped")
+        raise Concluded("Stopped", "A stop command came before the turn ran.")
+    if turn.end == "Recalled" or not turn.live:
+        _count(ctx.event, "recalled")
+        raise Concluded("Recalled", "Every message of the turn was recalled before it ran.")
 
 
 @dataclass
@@ -341,16 +386,32 @@ def _burst(spec: Coalesce, reader: MessageReader, head: Message, event: Event, r
     return burst
 
 
-def _take(ctx: JobContext, members: list[int], turn: Turn, memo: str = MEMO) -> None:
+def _take(
+    ctx: JobContext,
+    spec: Coalesce,
+    turn: Turn,
+    members: Sequence[Message] | None = None,
+    memo: str = MEMO,
+) -> None:
+    """Take ``members`` (default: the turn's messages after its first) into the turn, and
+    record ``turn`` (or, for a merge's ``memo``, the members) — fenced, all or nothing."""
     from ..ledger import turns as ledger_turns
     from . import writes
 
-    value = turn.as_json() if memo == MEMO else [m.as_json() for m in turn.messages]
+    taken = list(turn.messages[1:] if members is None else members)
+    value: Any = turn.as_json() if memo == MEMO else [m.as_json() for m in taken]
     writes.write(
         ctx,
         "form the turn of",
         lambda _: ledger_turns.take(
-            ctx.lease, members=members, memo=memo, value=value, lease_seconds=ctx.lease_seconds
+            ctx.lease,
+            members=[m.job_id for m in taken],
+            memo=memo,
+            value=value,
+            private=ctx.event.private_message,
+            keep_private=spec.during == "supersede",
+            how="coalesced" if memo == MEMO else "merged",
+            lease_seconds=ctx.lease_seconds,
         ),
     )
     ctx.has_steps = True
@@ -375,34 +436,33 @@ def _recorded(ctx: JobContext) -> Turn | None:
     turn = Turn(
         [Message.from_json(m) for m in found.get("messages", [])],
         recalled=set(found.get("recalled", [])),
+        end=str(found.get("end", "")),
     )
-    n = 1
-    while isinstance(merged := ctx.memo.get(f"{MEMO}+{n}"), list):
+    while isinstance(merged := ctx.memo.get(f"{MEMO}+{turn.merges + 1}"), list):
         turn.messages.extend(Message.from_json(m) for m in merged)
         turn.merged += len(merged)
-        n += 1
+        turn.merges += 1
     return turn
 
 
-def _keep_deadline(
-    ctx: JobContext, deadline: StartDeadline, sent_at: float | None, now: Any, members: list[int]
-) -> None:
-    """A message older than the deadline: skipped, noticed (both end ``Stale``, its burst with
-    it), or run. Only on its first attempt: a retry was on time once."""
-    if sent_at is None or ctx.event.attempt > 1 or deadline.policy == "run":
-        return
-    late = now.timestamp() - sent_at
-    if late <= deadline.seconds:
-        return
-    if members:
-        _take(ctx, members, Turn([]), memo=f"{MEMO}:stale")
+def _late(deadline: StartDeadline, sent_at: float | None, now: Any, ctx: JobContext) -> bool:
+    """Sent longer than the deadline before ``now``, and this its first attempt (a retry was
+    on time once); a policy of "run" finds nothing late."""
+    if sent_at is None or now is None or deadline.policy == "run" or ctx.event.attempt > 1:
+        return False
+    return bool(now.timestamp() - sent_at > deadline.seconds)
+
+
+def _stale(ctx: JobContext, deadline: StartDeadline) -> None:
+    """End a late message (its burst's late ones are recorded with it): skipped, or noticed
+    first (a reply, an idempotent effect: a retry sends it again under the same key)."""
     _count(ctx.event, "stale")
     if deadline.policy == "notice" and _notifier:
         _notifier[0](ctx.event, deadline.notice)
     raise Concluded(
         "Stale",
-        f"Sent {late:.0f}s before it was first claimed, past the handler's "
-        f"stale_after of {deadline.seconds:g}s ({deadline.policy}).",
+        f"First claimed more than the handler's stale_after of {deadline.seconds:g}s after it "
+        f"was sent ({deadline.policy}).",
     )
 
 
@@ -423,45 +483,59 @@ def _count(event: Event, start: str) -> None:
 
 def look_behind(running: Sequence[JobContext]) -> None:
     """For each running turn: a stop command, a recall of its messages, or a new message
-    behind it in its chat; the answer is flagged on its context (its next safe point acts)."""
-    from .. import telemetry
+    behind it in its chat; the answer is flagged on its context (its next safe point acts).
+    A turn this cannot read (a site's own reader that raises) is logged and looked at again
+    next time: the heartbeat goes on."""
     from ..ledger import turns as ledger_turns
 
     for ctx in running:
         spec, turn = ctx.turn_spec, ctx.event.turn
         if spec is None or turn is None or ctx.lost.is_set():
             continue
-        reader = reader_of(spec)
-        _, rows = ledger_turns.behind(ctx.event.job_id, ctx.event.partition_key, 64)
-        ids = set(turn.message_ids)
-        new_message = False
-        for row in rows:
-            recalled = reader.recalled(row.event_type, row.payload)
-            if recalled is not None:
-                if recalled in ids and recalled not in turn.recalled:
-                    turn.recalled.add(recalled)
-                    telemetry.TURN_SIGNALS.labels("recall").inc()
-                    telemetry.TURN_MESSAGES.labels("recalled").inc()
-                    if spec.on_recall == "cancel" or not turn.live:
-                        ctx.cancelled.set()
-                continue
-            if row.event_type != ctx.event.event_type:
-                continue
-            message = reader.message(row.id, "", row.event_type, row.payload)
-            if message is None:
-                continue
-            if spec.is_stop(message):
-                if not ctx.stop_requested:
-                    telemetry.TURN_SIGNALS.labels("stop").inc()
-                ctx.stop_requested = True
-                ctx.cancelled.set()
-                break
-            new_message = True
-        if new_message and spec.during == "supersede" and not ctx.interrupt.is_set():
-            telemetry.TURN_SIGNALS.labels("supersede").inc()
-            ctx.interrupt.set()
-        elif new_message and spec.during == "merge":
-            ctx.merge_waiting = True
+        try:
+            _, rows = ledger_turns.behind(
+                ctx.event.job_id, ctx.event.partition_key, 64, clock=False
+            )
+            _look(ctx, spec, turn, rows)
+        except DatabaseError:
+            raise  # the database away: the heartbeat looks again next tick
+        except Exception:
+            log.exception("job %s: what waits behind its turn could not be read", ctx.event.job_id)
+
+
+def _look(ctx: JobContext, spec: Coalesce, turn: Turn, rows: Any) -> None:
+    from .. import telemetry
+
+    reader = reader_of(spec)
+    ids = set(turn.message_ids)
+    new_message = False
+    for row in rows:
+        recalled = reader.recalled(row.event_type, row.payload)
+        if recalled is not None:
+            if recalled in ids and recalled not in turn.recalled:
+                turn.recalled.add(recalled)
+                telemetry.TURN_SIGNALS.labels("recall").inc()
+                telemetry.TURN_MESSAGES.labels("recalled").inc()
+                if spec.on_recall == "cancel" or not turn.live:
+                    ctx.cancelled.set()
+            continue
+        if row.event_type != ctx.event.event_type:
+            continue
+        message = reader.message(row.id, "", row.event_type, row.payload)
+        if message is None:
+            continue
+        if spec.is_stop(message):
+            if not ctx.stop_requested:
+                telemetry.TURN_SIGNALS.labels("stop").inc()
+            ctx.stop_requested = True
+            ctx.cancelled.set()
+            break
+        new_message = True
+    if new_message and spec.during == "supersede" and not ctx.interrupt.is_set():
+        telemetry.TURN_SIGNALS.labels("supersede").inc()
+        ctx.interrupt.set()
+    elif new_message and spec.during == "merge":
+        ctx.merge_waiting = True
 
 
 def stop_error(ctx: JobContext) -> Cancelled:
@@ -472,8 +546,9 @@ def stop_error(ctx: JobContext) -> Cancelled:
 
 
 def merge(ctx: JobContext) -> None:
-    """Take the messages that arrived behind the running turn into it (``during="merge"``):
-    a checkpoint's work, fenced and recorded (``turn+N``), so a retry sees them too."""
+    """Take the messages that arrived behind the running turn into it (``during="merge"``),
+    up to its ``max_messages``: a checkpoint's work, fenced and recorded (``turn+N``), so a
+    retry sees them too."""
     from .. import telemetry
     from ..ledger import turns as ledger_turns
     from . import writes
@@ -486,8 +561,9 @@ def merge(ctx: JobContext) -> None:
     _, rows = writes.write(
         ctx,
         "look behind",
-        lambda _: ledger_turns.behind(ctx.event.job_id, ctx.event.partition_key, 64),
+        lambda _: ledger_turns.behind(ctx.event.job_id, ctx.event.partition_key, 64, clock=False),
     )
+    room = spec.max_messages - len(turn.messages)
     fresh: list[Message] = []
     for row in rows:
         if reader.recalled(row.event_type, row.payload) is not None:
@@ -497,60 +573,17 @@ def merge(ctx: JobContext) -> None:
             if row.event_type == ctx.event.event_type
             else None
         )
-        if message is None or spec.is_stop(message):
+        if message is None or spec.is_stop(message) or len(fresh) >= room:
             break
         fresh.append(message)
     if not fresh:
         return
-    n = 1
-    while ctx.memo is not None and f"{MEMO}+{n}" in ctx.memo:
-        n += 1
     try:
-        _take(ctx, [m.job_id for m in fresh], Turn(fresh), memo=f"{MEMO}+{n}")
+        _take(ctx, spec, turn, fresh, memo=f"{MEMO}+{turn.merges + 1}")
     except ledger_turns.TurnChanged:
         ctx.merge_waiting = True  # the next checkpoint looks again
         return
     turn.messages.extend(fresh)
     turn.merged += len(fresh)
+    turn.merges += 1
     telemetry.TURN_SIGNALS.labels("merge").inc()
-    telemetry.TURN_MESSAGES.labels("merged").inc(len(fresh))
-
-
-# --- cleanups: feishu_inbox.on_finish -------------------------------------------------------
-
-
-def on_finish(spec: dict[str, Any], *, name: str) -> bool:
-    """Run the job ``spec`` (a workflow job spec) once, after the running job ends however it
-    ends; recorded now, fenced. The same ``name`` again (a retried attempt) is the same
-    cleanup: False."""
-    from ..ledger import turns as ledger_turns
-    from .context import current
-    from .writes import write
-
-    if not isinstance(name, str) or not 1 <= len(name) <= 64:
-        raise ValueError(f"on_finish needs a name of 1 to 64 characters (got {name!r})")
-    ctx = current()
-    ctx.ensure_alive()
-    added = write(
-        ctx,
-        "add a cleanup to",
-        lambda _: ledger_turns.add_cleanup(
-            ctx.lease, name=name, spec=spec, lease_seconds=ctx.lease_seconds
-        ),
-    )
-    ctx.cleanups = True  # once its end is written, this worker enqueues them at once
-    return added
-
-
-def handler_spec(
-    event_type: str, payload: dict[str, Any], app: str | None = None
-) -> dict[str, Any]:
-    """A workflow job spec for a handler's (or a kind's) event type: what ``on_finish`` takes."""
-    return {
-        "target": event_type,
-        "task": False,
-        "payload": payload,
-        "args": [],
-        "key": None,
-        "app": app,
-    }

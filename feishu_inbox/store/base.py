@@ -458,6 +458,21 @@ class SqlStore(WaitStore):
     def now(self) -> datetime:
         return aware(self.rows("now")[0]["now"])
 
+    def turn_behind(
+        self, job_id: int, partition_key: str, limit: int
+    ) -> tuple[datetime, list[Row]]:
+        """The clock, and the unresolved jobs behind ``job_id`` in its partition (id,
+        event_type, payload, received_at, status), oldest first: one statement."""
+        found = self.rows(
+            "turn_behind", {"job_id": job_id, "partition_key": partition_key, "limit": limit}
+        )
+        rows = [
+            {**r, "payload": _json(r["payload"]), "received_at": aware(r["received_at"])}
+            for r in found
+            if r["id"] is not None
+        ]
+        return aware(found[0]["now"]), rows
+
     def clock(self) -> datetime:
         """The database's clock as it runs, inside a transaction too (``now`` is its start)."""
         return aware(self.rows("clock")[0]["now"])

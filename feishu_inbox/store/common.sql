@@ -213,6 +213,17 @@ SELECT MIN(t) AS wakeup FROM (
     SELECT MIN(until) AS t FROM {wait} WHERE state = 'open'
 ) AS w
 
+-- turn_behind --
+-- The database's clock and the unresolved jobs after a turn's first message in its chat, in
+-- receipt order (SPEC §9g): one round trip, through the partition's index of unresolved jobs.
+SELECT clock.now AS now, j.id, j.event_type, j.payload, j.received_at, j.status
+FROM (SELECT now() AS now) AS clock
+LEFT JOIN (
+    SELECT id, event_type, payload, received_at, status FROM {job}
+    WHERE partition_key = %(partition_key)s AND id > %(job_id)s AND {unresolved}
+    ORDER BY partition_key, id LIMIT %(limit)s
+) AS j ON TRUE
+
 -- now --
 -- The database's clock: one clock for every worker host.
 SELECT now() AS now

@@ -14,10 +14,15 @@ the same ``name`` (by default: the target's) asks for the same cleanup.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from ..runtime import turns
+from ..errors import WorkflowRefused
+from ..runtime import cleanups
 from .specs import job
+
+#: A cleanup's name is stored in 64 characters.
+NAME_LIMIT = 64
 
 
 def on_finish(
@@ -30,4 +35,13 @@ def on_finish(
     """Enqueue ``job(kind_or_task, payload, key=key)`` once the running job has ended; False
     when a cleanup of this ``name`` was recorded already (an earlier attempt's)."""
     spec = job(kind_or_task, payload, key=key)
-    return turns.on_finish(spec.as_dict(), name=(name or spec.target)[:64])
+    if name is not None and (not isinstance(name, str) or not 1 <= len(name) <= NAME_LIMIT):
+        raise WorkflowRefused(
+            f"on_finish needs a name of 1 to {NAME_LIMIT} characters (got {name!r:.80}).",
+            fix="Name the cleanup shortly, e.g. name='typing'; or leave it to the target's.",
+        )
+    if name is None:  # the target's path, or a digest of a long one (two never collide)
+        name = spec.target
+        if len(name) > NAME_LIMIT:
+            name = "target:" + hashlib.sha256(name.encode()).hexdigest()[:32]
+    return cleanups.on_finish(spec.as_dict(), name=name)

@@ -69,9 +69,10 @@ class Chat:
     fake: FakeFeishu
     chat_id: str
     sent: list[str] = field(default_factory=list)
+    chat_type: str = "group"
 
     def say(self, text: str, *, age: float = 0.0) -> str:
-        envelope = message_event(chat_id=self.chat_id, text=text)
+        envelope = message_event(chat_id=self.chat_id, text=text, chat_type=self.chat_type)
         created = str(int((time.time() - age) * 1000))
         envelope["header"]["create_time"] = created
         envelope["event"]["message"]["create_time"] = created
@@ -194,8 +195,10 @@ def test_kills_in_the_quiet_window_and_in_the_turn_still_make_one_turn(
     webhook: Any, fake: FakeFeishu, workers: Workers
 ) -> None:
     chat = Chat(webhook, fake, "oc_kills")
-    env = turn_env(fake)
+    # a quiet window long enough that a busy machine's worker claims inside it
+    env = turn_env(fake, TURN_QUIET="5", TURN_MAX_WAIT="20")
     first = workers.start("--lease-seconds", "2", **env)
+    wait_for(lambda: " started: " in workers.stderr(first), 60, "the worker to start")
     chat.say("gate:on")
 
     def deferred() -> bool:  # the worker claimed the burst's first message and put it back
@@ -437,3 +440,27 @@ def test_a_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
     else:
         assert head.error_type == "Recalled" and sent == []
     assert replies_to(fake, chat.sent) == []
+
+
+def test_a_private_chats_burst_is_one_turn_that_newer_messages_queue_behind(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    # a private (p2p) chat's messages interrupt one another by default (SPEC §4): a turn's
+    # own burst must not, and a message after it queues as the handler's "during" says
+    chat = Chat(webhook, fake, "oc_p2p_burst", chat_type="p2p")
+    workers.start(**turn_env(fake))
+    for text in ("hi", "can you", "summarise it"):
+        chat.say(text)
+    wait_for(lambda: settled(chat, 3), 60, "the turn")
+    chat.say("hold")
+    wait_for(lambda: workers.lines("gated"), 60, "the second turn to run")
+    chat.say("/stop")
+    wait_for(lambda: settled(chat, 5), 60, "the stop")
+    found = jobs(chat)
+    assert found[0].error_type == "" and len(replies_to(fake, chat.sent[:3])) == 1
+    assert (
+        sum(j.error_type == "Coalesced" for j in found[:3])
+        == len(workers.lines("turn")[0][-1].split("|")) - 1
+    )
+    assert found[3].error_type == "Stopped" and found[4].error_type == "StopCommand"
+    assert len(workers.lines("llm")) == 2

@@ -22,11 +22,11 @@ from lark_oapi.api.im.v1 import (
 
 import feishu_inbox
 from feishu_inbox import ledger
-from feishu_inbox.errors import Concluded, ConfigurationError, Deferred, LeaseLost
+from feishu_inbox.errors import Concluded, ConfigurationError, Deferred, LeaseLost, LedgerError
 from feishu_inbox.feishu.turns import FeishuMessages, stop_click, stop_value
 from feishu_inbox.ledger import turns as ledger_turns
 from feishu_inbox.models import EventJob, Status, Step
-from feishu_inbox.runtime import attempts, registry, turns
+from feishu_inbox.runtime import attempts, cleanups, registry, turns
 from feishu_inbox.tables.turns import TurnCleanup
 from tests.runtime.test_steps import InHandler
 from tests.support.fake_feishu import FakeFeishu
@@ -74,6 +74,7 @@ def begin(job_id: int, spec: turns.Coalesce, deadline: Any = None) -> Any:
             assert EventJob.objects.get(pk=job_id).attempt == 0
             return "Deferred", wait
         except Concluded as stopped:
+            ledger.finish(claimed.lease, note=stopped.note)  # as the executor does
             return type(stopped).__name__, stopped
         return "turn", ctx.event.turn
 
@@ -195,7 +196,7 @@ def test_a_late_message_is_skipped_or_noticed_and_an_on_time_one_runs() -> None:
 def test_a_cleanup_is_enqueued_once_after_its_job_ended_however_it_ended() -> None:
     job_id = say("x", chat="solo")
     claimed = claim_job(job_id)
-    spec = turns.handler_spec("test.cleanup", {"n": 1})
+    spec = cleanups.handler_spec("test.cleanup", {"n": 1})
     assert ledger_turns.add_cleanup(claimed.lease, name="c", spec=spec)
     assert not ledger_turns.add_cleanup(claimed.lease, name="c", spec=spec)  # the same one
     assert ledger_turns.fire_cleanups() == 0  # it runs: nothing yet
@@ -213,7 +214,7 @@ def test_a_cleanup_is_enqueued_once_after_its_job_ended_however_it_ended() -> No
 def test_an_unknown_job_has_ended_for_its_cleanups() -> None:
     job_id = say("x", chat="solo2")
     claimed = claim_job(job_id)
-    ledger_turns.add_cleanup(claimed.lease, name="c", spec=turns.handler_spec("test.c", {}))
+    ledger_turns.add_cleanup(claimed.lease, name="c", spec=cleanups.handler_spec("test.c", {}))
     ledger.begin_effect(claimed.lease)
     expire_lease(job_id)
     ledger.expire_leases()
@@ -227,8 +228,8 @@ def test_on_finish_takes_a_handlers_type_or_a_task_and_a_refused_name() -> None:
         assert feishu_inbox.on_finish("test.after", {"a": 1})
         assert not feishu_inbox.on_finish("test.after", {"a": 1})
         assert feishu_inbox.on_finish("test.after", {"a": 2}, name="second")
-        with pytest.raises(ValueError, match="1 to 64"):
-            turns.on_finish(turns.handler_spec("x", {}), name="")
+        with pytest.raises(LedgerError, match="1 to 64"):
+            cleanups.on_finish(cleanups.handler_spec("x", {}), name="")
     assert sorted(TurnCleanup.objects.values_list("name", flat=True)) == ["second", "test.after"]
 
 
@@ -322,3 +323,76 @@ def test_the_fakes_reactions_answer_as_the_official_sdk_reads_them(fake: FakeFei
         CreateMessageReactionRequest.builder().message_id("om_2").request_body(body).build()
     )
     assert refused.code == 230011
+
+
+def test_a_decided_end_is_the_end_of_every_later_attempt() -> None:
+    head = say("do this", chat="default:chat:oc_again")
+    say("/stop", chat="default:chat:oc_again")
+    claimed = claim_job(head)
+    with InHandler(claimed) as ctx, pytest.raises(Concluded):
+        turns.begin(ctx, NOW, None)
+    ledger.hand_back(claimed.lease)  # it died before its finish was written (so to speak)
+    outcome, why = begin(head, NOW)
+    assert outcome == "Concluded" and why.note == "Stopped"  # not run with "/stop" in it
+
+
+def test_two_merges_in_one_attempt_are_two_records_and_a_retry_sees_both() -> None:
+    chat = "default:chat:oc_merges"
+    head = say("first", chat=chat)
+    spec = turns.Coalesce(quiet=0, max_wait=0, during="merge")
+    claimed = claim_job(head)
+    with InHandler(claimed) as ctx:
+        turns.begin(ctx, spec, None)
+        for text in ("second", "third"):
+            say(text, chat=chat)
+            turns.merge(ctx)
+        assert [m.text for m in ctx.event.turn.messages] == ["first", "second", "third"]
+    ledger.hand_back(claimed.lease)
+    _, turn = begin(head, spec)
+    assert [m.text for m in turn.messages] == ["first", "second", "third"] and turn.merged == 2
+
+
+def test_only_the_late_messages_of_a_burst_are_stale() -> None:
+    chat = "default:chat:oc_outage"
+    old = message_event(chat_id="oc_outage", text="this morning")
+    old["event"]["message"]["create_time"] = "0"
+    head = ledger.enqueue(
+        event_id="old", event_type="im.message.receive_v1", partition_key=chat, payload=old
+    ).job_id
+    fresh = say("hello?", chat=chat)
+    deadline = turns.StartDeadline.of(timedelta(minutes=30), "skip", "sorry")
+    outcome, why = begin(head, NOW, deadline)
+    assert outcome == "Concluded" and why.note == "Stale"
+    assert EventJob.objects.get(pk=fresh).status == Status.QUEUED  # its own turn, next
+    outcome, turn = begin(fresh, NOW, deadline)
+    assert outcome == "turn" and turn.text == "hello?"
+
+
+def test_a_turn_in_a_private_chat_stops_being_a_private_message() -> None:
+    envelope = message_event(chat_id="oc_p2p", text="hi", chat_type="p2p")
+    head = ledger.enqueue(
+        event_id="p1",
+        event_type="im.message.receive_v1",
+        partition_key="default:chat:oc_p2p",
+        payload=envelope,
+        private_message=True,
+    ).job_id
+    outcome, _ = begin(head, NOW)
+    assert outcome == "turn" and not EventJob.objects.get(pk=head).private_message
+
+
+def test_a_recall_in_a_topic_thread_goes_behind_its_messages_turn() -> None:
+    from feishu_inbox.feishu import inbound, protocol
+
+    message = message_event(chat_id="oc_topic", thread_id="omt_1", text="in a thread")
+    stored = inbound.store("default", protocol.parse_envelope(message))
+    recall_event = message_event(chat_id="oc_topic")
+    recall_event["header"]["event_type"] = "im.message.recalled_v1"
+    recall_event["event"] = {
+        "message_id": message["event"]["message"]["message_id"],
+        "chat_id": "oc_topic",
+    }
+    recalled = inbound.store("default", protocol.parse_envelope(recall_event))
+    jobs = EventJob.objects.in_bulk([stored.job_id, recalled.job_id])
+    assert jobs[recalled.job_id].partition_key == jobs[stored.job_id].partition_key
+    assert jobs[stored.job_id].partition_key.endswith(":thread:omt_1")

@@ -35,8 +35,8 @@ def model(prompt: str) -> str:
 @feishu_inbox.handler(
     "im.message.receive_v1",
     coalesce=feishu_inbox.Coalesce(
-        quiet=0.6,
-        max_wait=2.0,
+        quiet=float(os.environ.get("TURN_QUIET", "0.6")),
+        max_wait=float(os.environ.get("TURN_MAX_WAIT", "2.0")),
         during=os.environ.get("TURN_DURING", "queue"),
         on_recalled_reply=os.environ.get("TURN_ON_RECALLED", "drop"),
     ),
