@@ -20,6 +20,7 @@ from .feishu.replies import client, reply, send
 from .feishu.streams import stream_reply, stream_send
 from .ledger.limits import RateLimit
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
+from .ledger.tenants import tenant
 from .runtime.context import Event
 from .runtime.handlers import checkpoint, effect
 from .runtime.registry import handler
@@ -88,6 +89,7 @@ __all__ = [
     "step",
     "stream_reply",
     "stream_send",
+    "tenant",
     "wait_all",
     "wait_any",
     "wait_for",

@@ -56,6 +56,7 @@ def store(
             "feishu_inbox.transport": transport,
             "feishu_inbox.event.id": envelope.event_id,
             "feishu_inbox.event.type": envelope.event_type,
+            "feishu_inbox.tenant": envelope.tenant_key,
         },
     ) as span:
         try:
@@ -68,6 +69,7 @@ def store(
                 private_message=keys.private_message,
                 payload=envelope.body,
                 payload_json=envelope.raw,
+                tenant=envelope.tenant_key,
             )
         except DatabaseError as exc:
             if outages.database_away(exc):

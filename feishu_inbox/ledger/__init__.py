@@ -48,6 +48,8 @@ SUBMODULES = (
     "idempotency",
     "payloads",
     "kinds",
+    "tenants",
+    "credentials",
 )
 
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import LeaseLost, TimedOut
+from ..ledger import tenants
 
 log = logging.getLogger("feishu_inbox.handlers")
 
@@ -72,6 +73,9 @@ class Event:
     private_message: bool
     #: When the ledger stored it (None where a caller built the event without it).
     received_at: datetime | None = None
+    #: Whose job it is (SPEC §9j): Feishu's tenant_key for an event; "" for none. A store
+    #: app's replies use this tenant's token.
+    tenant: str = ""
 
 
 @dataclass
@@ -189,3 +193,12 @@ def enter(ctx: JobContext) -> contextvars.Token[JobContext]:
 def leave(token: contextvars.Token[JobContext]) -> None:
     """The handler returned: ``enter``'s job is no longer current."""
     _current.reset(token)
+
+
+def _running_job_tenant() -> str | None:
+    """The running handler's job's tenant (what it enqueues is its tenant's), else None."""
+    ctx = _current.get(None)
+    return None if ctx is None else ctx.event.tenant
+
+
+tenants.read_running_job_tenant(_running_job_tenant)
