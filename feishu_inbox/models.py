@@ -67,6 +67,10 @@ class EventJobQuerySet(models.QuerySet["EventJob"]):
     def in_partition(self, key: str) -> EventJobQuerySet:
         return self.filter(partition_key=key)
 
+    def of_tenant(self, tenant: str) -> EventJobQuerySet:
+        """The jobs of one tenant (SPEC §9j; "": of none)."""
+        return self.filter(tenant=tenant)
+
 
 class EventJob(models.Model):
     id = models.BigAutoField(primary_key=True, help_text="Receipt sequence.")

@@ -24,7 +24,7 @@ from .. import telemetry, tracing
 from ..ledger import outages, replication
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
-from . import protocol, questions
+from . import protocol, questions, tenancy
 
 log = logging.getLogger("feishu_inbox.inbound")
 
@@ -46,6 +46,8 @@ def store(
     Traced (``tracing.py``) as ``feishu_inbox receive``: a child of the current span (the
     request's), else of ``traceparent`` (the delivery's header), else a new trace; the job
     keeps that span's context."""
+    if envelope.event_type == tenancy.APP_TICKET_EVENT and tenancy.is_store_app(app):
+        return _store_ticket(app, envelope, transport)
     keys = keys or protocol.keys_for(envelope)
     with tracing.span(
         "feishu_inbox receive",
@@ -95,6 +97,20 @@ def store(
         result.job_id,
     )
     return result
+
+
+def _store_ticket(app: str, envelope: protocol.Envelope, transport: str) -> EnqueueResult:
+    """A store app's ``app_ticket`` is kept in the ledger (the newest wins), not made a job:
+    it is a secret, which no job's payload (shown in the admin) may hold. Job id 0."""
+    try:
+        kept = tenancy.store_ticket(app, envelope.body)
+    except DatabaseError as exc:
+        if outages.database_away(exc):
+            connections["default"].close()
+        raise
+    answer = "stored" if kept else "duplicate"
+    telemetry.DELIVERIES.labels(app, transport, answer).inc()
+    return EnqueueResult(job_id=0, created=kept, received_at=None)
 
 
 def partition_of(app: str, keys: protocol.EventKeys) -> str:

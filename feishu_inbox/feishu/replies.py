@@ -157,6 +157,7 @@ def _idempotent(
     buckets: list[Bucket],
 ) -> str:
     openapi.credentials(app)  # no credentials: ConfigurationError, before any effect
+    openapi.ready(app)  # a store app: its tenant's token (no ticket yet: Deferred)
     if margin is None and isinstance(window, timedelta):
         margin = max(default_margin(window), SLOWEST_TRY)
     refused: FeishuBusinessError | InvalidMessage | None = None

@@ -27,14 +27,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import F, Q
 from django.utils import timezone
 
 from ..errors import FeishuTransientError
-from ..tables.tenants import AppCredential
 
-TICKET, APP_TOKEN, TENANT_TOKEN = AppCredential.TICKET, AppCredential.APP_TOKEN, "tenant"
+#: The rows' kinds (``tables/tenants.py``).
+TICKET, APP_TOKEN, TENANT_TOKEN = "ticket", "app", "tenant"
 #: How long a fetcher holds a row's fetch lease: longer than a fetch (two requests, each
 #: within the client's timeout).
 FETCH_LEASE = timedelta(seconds=30)
@@ -61,13 +62,21 @@ def forget_cached() -> None:
         _cache.clear()
 
 
+def _table() -> Any:
+    """The rows' model, imported on first use (this module loads with the package, before
+    Django's apps are ready)."""
+    from ..tables.tenants import AppCredential
+
+    return AppCredential
+
+
 def _rows(app: str, kind: str, tenant: str = "") -> Q:
     return Q(app=app, kind=kind, tenant=tenant)
 
 
 def _ensure(app: str, kind: str, tenant: str = "") -> None:
-    AppCredential.objects.bulk_create(
-        [AppCredential(app=app, kind=kind, tenant=tenant, updated_at=timezone.now())],
+    _table().objects.bulk_create(
+        [_table()(app=app, kind=kind, tenant=tenant, updated_at=timezone.now())],
         ignore_conflicts=True,
     )
 
@@ -81,7 +90,8 @@ def store_ticket(app: str, ticket: str, issued_at: float | None) -> bool:
     issued = time.time() if issued_at is None else issued_at
     _ensure(app, TICKET)
     kept = (
-        AppCredential.objects.filter(_rows(app, TICKET))
+        _table()
+        .objects.filter(_rows(app, TICKET))
         .filter(Q(issued_at__isnull=True) | Q(issued_at__lte=issued))
         .update(
             value=ticket,
@@ -96,17 +106,19 @@ def store_ticket(app: str, ticket: str, issued_at: float | None) -> bool:
 
 def ticket(app: str) -> str:
     """The app's newest ticket, "" when none was ever pushed (or it was refused)."""
-    found = AppCredential.objects.filter(_rows(app, TICKET)).values_list("value", flat=True)
+    found = _table().objects.filter(_rows(app, TICKET)).values_list("value", flat=True)
     return next(iter(found), "")
 
 
 def claim_resend(app: str) -> bool:
     """True for the one caller (across processes) that should ask Feishu to push the ticket
-    again now; the others within ``RESEND_SECONDS`` get False."""
+    again now; the others within ``RESEND_SECONDS`` get False, and so does everyone once a
+    ticket is stored (a caller that looked before it landed asks for none)."""
     _ensure(app, TICKET)
     now = timezone.now()
     return (
-        AppCredential.objects.filter(_rows(app, TICKET))
+        _table()
+        .objects.filter(_rows(app, TICKET), value="")
         .filter(Q(fetching_until__isnull=True) | Q(fetching_until__lte=now))
         .update(fetching_until=now + timedelta(seconds=RESEND_SECONDS), updated_at=now)
         == 1
@@ -116,7 +128,7 @@ def claim_resend(app: str) -> bool:
 def forget_ticket(app: str, value: str) -> None:
     """Feishu refused this ticket (code 10012): drop it, so the next fetch asks for a new
     one (a newer ticket stored meanwhile stays)."""
-    AppCredential.objects.filter(_rows(app, TICKET), value=value).update(
+    _table().objects.filter(_rows(app, TICKET), value=value).update(
         value="", updated_at=timezone.now()
     )
 
@@ -144,7 +156,7 @@ def shared_token(
     pause = 0.02
     _ensure(app, kind, tenant)
     while True:
-        row = AppCredential.objects.filter(_rows(app, kind, tenant)).first()
+        row = _table().objects.filter(_rows(app, kind, tenant)).first()
         if row is not None and row.value and _fresh(row.expires_at, margin):
             return _keep(key, row.value, row.expires_at)
         me = secrets.token_hex(8)
@@ -156,7 +168,8 @@ def shared_token(
         )
         free = Q(fetching_until__isnull=True) | Q(fetching_until__lte=now)
         took = (
-            AppCredential.objects.filter(_rows(app, kind, tenant))
+            _table()
+            .objects.filter(_rows(app, kind, tenant))
             .filter(stale & free)
             .update(fetching_by=me, fetching_until=now + FETCH_LEASE)
         )
@@ -177,7 +190,7 @@ def _fetch_under_lease(
     key: tuple[str, str, str], me: str, fetch: Callable[[], tuple[str, float]]
 ) -> str:
     app, kind, tenant = key
-    mine = AppCredential.objects.filter(_rows(app, kind, tenant), fetching_by=me)
+    mine = _table().objects.filter(_rows(app, kind, tenant), fetching_by=me)
     try:
         value, lifetime = fetch()
     except BaseException:
@@ -202,7 +215,7 @@ def forget(app: str, kind: str, tenant: str, value: str) -> None:
         cached = _cache.get((app, kind, tenant))
         if cached is not None and cached.value == value:
             del _cache[(app, kind, tenant)]
-    AppCredential.objects.filter(_rows(app, kind, tenant), value=value).update(
+    _table().objects.filter(_rows(app, kind, tenant), value=value).update(
         value="", updated_at=timezone.now()
     )
 
@@ -210,7 +223,7 @@ def forget(app: str, kind: str, tenant: str, value: str) -> None:
 def fetches(app: str) -> dict[tuple[str, str], int]:
     """(kind, tenant) -> how many times it was fetched (or stored: a ticket), for operators
     and tests; never the values."""
-    rows = AppCredential.objects.filter(app=app).values_list("kind", "tenant", "fetches")
+    rows = _table().objects.filter(app=app).values_list("kind", "tenant", "fetches")
     return {(kind, tenant): n for kind, tenant, n in rows}
 
 

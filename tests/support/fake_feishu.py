@@ -46,8 +46,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import fake_cardkit, processes
+from tests.support import fake_cardkit, fake_store_apps, processes
 from tests.support.fake_cardkit import CardKit, card_entity
+from tests.support.fake_store_apps import StoreApps
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 SEND_PATH = "/open-apis/im/v1/messages"
@@ -104,6 +105,8 @@ class Message:
     created: float = field(default_factory=time.time)
     #: The CardKit card an interactive message carries (``{"type": "card", ...}``).
     card_id: str | None = None
+    #: A store app's message: the tenant whose token sent it (``fake_store_apps.py``).
+    tenant_key: str | None = None
 
 
 @dataclass
@@ -128,6 +131,7 @@ class FakeFeishu:
         limits: dict[str, int] | None = None,
         stream_window: float = 600.0,
         card_ops_per_second: int = 10,
+        store_apps: dict[str, str] | None = None,
     ) -> None:
         #: app_id -> app_secret
         self.apps = dict(apps or {"cli_fake": "fake-secret"})
@@ -143,6 +147,8 @@ class FakeFeishu:
         self._chats: dict[str, str] = {}  # message_id -> chat_id
         self._faults: dict[str, list[Fault]] = {"token": [], "message": [], "card": []}
         self.cardkit = CardKit(stream_window=stream_window, ops_per_second=card_ops_per_second)
+        #: Store (ISV) apps (app_id -> app_secret): tickets, app and tenant tokens.
+        self.store = StoreApps(dict(store_apps or {}), self._lock, token_expire)
         self._first_try_faults: tuple[float, random.Random, tuple[Fault, ...]] | None = None
         self._first_tries: set[tuple[str, str]] = set()  # (app_id, uuid) already requested
         self._server: ThreadingHTTPServer | None = None
@@ -284,6 +290,9 @@ class FakeFeishu:
             found = self._tokens.get(token)
             if found and found[1] > time.time():
                 return found[0]
+            tenants = self.store.tenant_tokens.get(token)  # a store app's tenant's token
+            if tenants and tenants[2] > time.time():
+                return tenants[0]
         return None
 
     def admit(self, app_id: str, kind: str, fields: dict[str, Any]) -> float | None:
@@ -350,6 +359,7 @@ class FakeFeishu:
                 parent_id=parent,
                 reply_in_thread=bool(fields.get("reply_in_thread")),
                 card_id=entity["data"]["card_id"] if entity else None,
+                tenant_key=fields.get("tenant_key"),
             )
             self.messages.append(message)
             if chat_id:
@@ -422,6 +432,13 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == fake_cardkit.CARDS_PATH:
             self.card_operation("create", None, None, body)
             return
+        if url.path in fake_store_apps.PATHS:
+            fault = fake.next_fault("token", None, None)
+            if fault:
+                self.fault(fault, applied=False)
+                return
+            self.answer(*fake.store.answer(url.path, body))
+            return
         if url.path == TOKEN_PATH:
             fault = fake.next_fault("token", None, None)
             if fault:
@@ -458,6 +475,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         assert isinstance(body, dict)
         fields = {**body, "receive_id_type": receive_id_type}
+        bearer = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        fields["tenant_key"] = fake.store.tenant_of(bearer)
         if reply:
             fields["parent_id"] = reply.group(1)
         reset = fake.admit(app_id, kind, fields)
@@ -613,7 +632,7 @@ def message_data(message: Message) -> dict[str, Any]:
             "id": message.app_id,
             "id_type": "app_id",
             "sender_type": "app",
-            "tenant_key": "fake_tenant",
+            "tenant_key": message.tenant_key or "fake_tenant",
         },
         "body": {"content": message.content},
     }
