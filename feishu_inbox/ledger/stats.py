@@ -237,7 +237,7 @@ class TenantLoad:
 
 def tenant_load(top: int, scan_limit: int = TENANT_SCAN_LIMIT) -> list[TenantLoad]:
     """The ``top`` tenants with the largest backlog, each with its own row, then the rest
-    summed as ``OTHER_TENANTS`` (present only when there is a rest): a label set of at most
+    summed as ``OTHER_TENANTS`` (zero when there is no rest): a label set of at most
     ``top + 1`` values however many tenants there are. Jobs of no tenant count as
     ``NO_TENANT``. Reads at most ``scan_limit`` unresolved jobs."""
     active = (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING)
@@ -254,9 +254,8 @@ def tenant_load(top: int, scan_limit: int = TENANT_SCAN_LIMIT) -> list[TenantLoa
         load[1 if status == Status.RUNNING else 0] += n
     ranked = sorted(loads.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))
     found = [TenantLoad(t, b, r) for t, (b, r) in ranked[:top]]
-    rest = ranked[top:]
-    if rest:
-        found.append(
-            TenantLoad(OTHER_TENANTS, sum(b for _, (b, _) in rest), sum(r for _, (_, r) in rest))
-        )
+    rest = ranked[top:]  # always a row, zero when there is no rest: a steady series
+    found.append(
+        TenantLoad(OTHER_TENANTS, sum(b for _, (b, _) in rest), sum(r for _, (_, r) in rest))
+    )
     return found
