@@ -161,3 +161,27 @@ def test_tenant_gauges_name_the_busiest_and_sum_the_rest() -> None:
     assert 'feishu_inbox_ledger_tenant_jobs{state="backlog",tenant="big"} 5.0' in lines
     assert 'feishu_inbox_ledger_tenant_jobs{state="backlog",tenant="other"} 6.0' in lines
     assert len(lines) == 4  # two tenants (one and the rest) x two states: bounded
+
+
+# --- the tenant at ingress, and in a job's limits ---------------------------------------------
+
+
+def test_both_ingress_paths_take_the_events_tenant_key() -> None:
+    from feishu_inbox.feishu import inbound, protocol
+
+    v2 = {"schema": "2.0", "header": {"event_id": "e2", "event_type": "x", "tenant_key": "t2"}}
+    v1 = {"uuid": "e1", "type": "event_callback", "event": {"type": "x", "tenant_key": "t1"}}
+    for body, transport in ((v2, "webhook"), (v1, "long_connection")):
+        envelope = protocol.parse_envelope(body, json.dumps(body))
+        inbound.store("default", envelope, transport=transport)
+    assert dict(EventJob.objects.values_list("event_id", "tenant")) == {"e2": "t2", "e1": "t1"}
+
+
+def test_a_limit_may_be_keyed_by_any_jobs_tenant() -> None:
+    from feishu_inbox.runtime.context import Event
+    from feishu_inbox.runtime.limits import job_values
+
+    event = Event(1, "e", "report.build", "django.tasks", {}, "p", 1, False, tenant="acme")
+    assert job_values(event)["tenant"] == "acme"
+    bucket = feishu_inbox.RateLimit("reports:{tenant}", 2).bucket(job_values(event))
+    assert bucket.key == "reports:acme"
