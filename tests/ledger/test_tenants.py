@@ -185,3 +185,24 @@ def test_a_limit_may_be_keyed_by_any_jobs_tenant() -> None:
     assert job_values(event)["tenant"] == "acme"
     bucket = feishu_inbox.RateLimit("reports:{tenant}", 2).bucket(job_values(event))
     assert bucket.key == "reports:acme"
+
+
+def test_a_replay_is_refused_by_its_own_tenants_live_duplicate_only() -> None:
+    from feishu_inbox.ledger import operators
+
+    done = [enqueue(key, tenant="acme").job_id for key in ("k1", "k2")]
+    for claimed in ledger.claim("w1", limit=2):
+        ledger.finish(claimed.lease)
+    enqueue("k1", tenant="globex")  # another tenant's live job of the same event: no bar
+    enqueue("k2", tenant="acme", dedupe_key="k2-again")  # the tenant's own: a bar
+    outcome = operators.replay(done)
+    assert outcome.done == [done[0]]
+    assert outcome.refused[done[1]].code == "duplicate"
+
+
+def test_settings_name_a_wrong_app_type_and_tenant_gauge_size() -> None:
+    from feishu_inbox.conf import InboxSettings
+
+    problems = InboxSettings(APPS={"shop": {"APP_TYPE": "isv"}}, TENANT_METRICS_TOP=1000).validate()
+    assert any("APP_TYPE" in p and "store" in p for p in problems)
+    assert any("TENANT_METRICS_TOP" in p for p in problems)
