@@ -4,7 +4,23 @@
 
 from django.db import migrations, models
 
-from feishu_inbox.store.migration import RunPostgresFunctions
+from feishu_inbox.store.migration import RunPostgresFunctions, RunSQLiteSQL
+
+# On SQLite, changing the job table's constraints rebuilds the table (a copy under the same
+# name), which drops the triggers on it: 0034's member trigger is made again after the change
+# (and, migrating back, after the change is undone). Its text is 0034's, frozen here.
+SQLITE_MEMBER_TRIGGER = """
+CREATE TRIGGER feishu_inbox_member_moved AFTER UPDATE OF status ON {job}
+FOR EACH ROW
+WHEN NEW.batch_id IS NOT NULL
+     AND (OLD.status IN ('{completed}', '{failed}')) <> (NEW.status IN ('{completed}', '{failed}'))
+BEGIN
+    INSERT INTO {batch_event} (batch_id, delta)
+    VALUES (NEW.batch_id,
+            CASE WHEN NEW.status IN ('{completed}', '{failed}') THEN -1 ELSE 1 END);
+END
+"""
+DROP_MEMBER_TRIGGER = 'DROP TRIGGER IF EXISTS feishu_inbox_member_moved'
 
 
 class Migration(migrations.Migration):
@@ -14,6 +30,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        RunSQLiteSQL([], reverse_sql=[DROP_MEMBER_TRIGGER, SQLITE_MEMBER_TRIGGER]),
         migrations.AddField(
             model_name='eventjob',
             name='tenant',
@@ -37,6 +54,7 @@ class Migration(migrations.Migration):
                 name='feishu_inbox_job_tenant',
             ),
         ),
+        RunSQLiteSQL([DROP_MEMBER_TRIGGER, SQLITE_MEMBER_TRIGGER], reverse_sql=[]),
         migrations.AddField(
             model_name='webhookmessage',
             name='tenant',

@@ -206,3 +206,15 @@ def test_settings_name_a_wrong_app_type_and_tenant_gauge_size() -> None:
     problems = InboxSettings(APPS={"shop": {"APP_TYPE": "isv"}}, TENANT_METRICS_TOP=1000).validate()
     assert any("APP_TYPE" in p and "store" in p for p in problems)
     assert any("TENANT_METRICS_TOP" in p for p in problems)
+
+
+def test_the_job_tables_triggers_survive_the_tenants_migration_on_sqlite() -> None:
+    """SQLite rebuilds a table to change its constraints, which drops its triggers: 0037
+    makes the workflows' member trigger again (it counts a batch's ended members)."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL changes the constraint in place")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        assert ("feishu_inbox_member_moved",) in cursor.fetchall()
