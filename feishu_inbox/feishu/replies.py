@@ -29,14 +29,20 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..conf import checked_settings
-from ..errors import Deferred, FeishuBusinessError, FeishuRateLimited, InvalidMessage
+from ..errors import (
+    ConfigurationError,
+    Deferred,
+    FeishuBusinessError,
+    FeishuRateLimited,
+    InvalidMessage,
+)
 from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
 from ..ledger.limits import Bucket, RateLimit
 from ..runtime.context import Event, current
 from ..runtime.handlers import effect
 from ..runtime.limits import job_values, take
 from ..runtime.writes import write
-from . import openapi
+from . import openapi, tenancy
 
 if TYPE_CHECKING:
     import lark_oapi
@@ -136,6 +142,19 @@ def client(app: str = "default") -> lark_oapi.Client:
     """The app's configured ``lark_oapi.Client``, for any other Open API call. Wrap a call
     that changes something in ``feishu_inbox.effect()`` yourself."""
     return openapi.client(app)
+
+
+def tenant_token(app: str = "default", tenant: str | None = None) -> str:
+    """A store app's ``tenant_access_token`` for ``tenant`` (None: the running job's tenant's),
+    shared by every worker: for a call through ``client(app)``, whose requests of a store app
+    carry the token they are given (``RequestOption.builder().tenant_access_token(...)``)."""
+    store_tenant = tenancy.tenant_of(app, tenant)
+    if store_tenant is None:
+        raise ConfigurationError(
+            f"App {app!r} is not a store app: its client adds its own token to each request.",
+            fix="Use client(app) as it is, or set APPS[app]['APP_TYPE'] = 'store'.",
+        )
+    return tenancy.tenant_token(openapi.credentials(app), openapi.client(app), store_tenant)
 
 
 def _message_id(event: Event) -> str:

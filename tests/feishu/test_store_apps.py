@@ -234,3 +234,27 @@ def test_a_tenant_key_reaches_the_job_from_the_webhook(store: tuple[FakeFeishu, 
     response = Client().post("/feishu/shop/events/", envelope, content_type="application/json")
     assert response.status_code == 200
     assert EventJob.objects.get(event_id="ev-tenant").tenant == "tenant-xyz"
+
+
+def test_the_sdk_client_of_a_store_app_takes_the_shared_tenant_token(
+    store: tuple[FakeFeishu, str],
+) -> None:
+    from feishu_inbox.feishu.replies import client, tenant_token
+
+    fake, app_id = store
+    deliver_ticket(fake, app_id)
+    with ledger_tenants.tenant("tenant-a"):
+        token = tenant_token("shop")
+    assert fake.store.tenant_of(token) == "tenant-a"
+    body = {"receive_id": "oc_1", "msg_type": "text", "content": '{"text":"hi"}', "uuid": "u9"}
+    request = (
+        CreateMessageRequest.builder()
+        .receive_id_type("chat_id")
+        .request_body(CreateMessageRequestBody(body))
+        .build()
+    )
+    option = RequestOption.builder().tenant_access_token(token).build()
+    assert client("shop").im.v1.message.create(request, option).success()
+    assert [m.tenant_key for m in fake.messages] == ["tenant-a"]
+    assert tenant_token("shop", "tenant-a") == token  # cached: no second fetch
+    assert fake.store.tenant_token_requests == {(app_id, "tenant-a"): 1}
