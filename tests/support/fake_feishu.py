@@ -27,6 +27,10 @@ token fetches per app, and fails on request::
 
 A benchmark starts it the same way, sends through the client, and reads ``counts()``.
 
+Store (ISV) apps (``store_apps={app_id: secret}``) get the ticket, app-token and per-tenant
+token endpoints of ``fake_store_apps.py`` (in ``fake.store``); a tenant token authenticates
+like any, and the messages it sends carry its tenant (``Message.tenant_key``).
+
 It serves CardKit too (``fake_cardkit.py``: the cards a streamed reply writes into, in
 ``fake.cardkit``); ``fail_next(..., endpoint="card")`` and ``fail_first_tries`` reach its
 endpoints as well (a create's first try is its card JSON's; an operation's, its uuid's).
