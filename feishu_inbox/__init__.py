@@ -21,6 +21,7 @@ from .feishu.streams import stream_reply, stream_send
 from .feishu.turns import stop_button, typing
 from .ledger.limits import RateLimit
 from .ledger.retry import RetryAfter, RetryAt, RetryPolicy
+from .ledger.tenants import tenant
 from .runtime.context import Event
 from .runtime.handlers import checkpoint, effect
 from .runtime.registry import handler
@@ -96,6 +97,7 @@ __all__ = [
     "stop_button",
     "stream_reply",
     "stream_send",
+    "tenant",
     "typing",
     "wait_all",
     "wait_any",

@@ -91,6 +91,15 @@ class InboxSettings:
     #: No ENCRYPT_KEY means plaintext mode (token check only). An app that replies through the
     #: Open API also has "APP_ID", "APP_SECRET" and optionally "DOMAIN" (see ``APP_KEYS``).
     APPS: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Tenants (SPEC §9j, docs/tenants.md): refuse a job that declares no tenant
+    #: (``job_tenant_required``; ``tenant=""`` declares "none" explicitly).
+    TENANT_REQUIRED: bool = False
+    #: The per-tenant gauges name this many tenants, those with the largest backlog; the rest
+    #: are summed under tenant "other" (a bounded label set however many tenants there are).
+    TENANT_METRICS_TOP: int = 10
+    #: A store app's tokens (app_access_token, each tenant's tenant_access_token) are fetched
+    #: anew when less than this many seconds of them are left (Feishu answers a new one then).
+    STORE_TOKEN_MARGIN_SECONDS: float = 600.0
     #: Largest request body the webhook reads (413 above).
     MAX_BODY_BYTES: int = 1024 * 1024
     #: Signed requests whose timestamp is further than this from now are refused (401);
@@ -184,6 +193,15 @@ class InboxSettings:
             problems.append(f"SIGNAL_KEEP must be a positive duration (got {self.SIGNAL_KEEP}).")
         if self.PURGE_BATCH_SIZE < 1:
             problems.append(f"PURGE_BATCH_SIZE must be at least 1 (got {self.PURGE_BATCH_SIZE}).")
+        if not 0 <= self.TENANT_METRICS_TOP <= 100:
+            problems.append(
+                f"TENANT_METRICS_TOP must be within 0..100 (got {self.TENANT_METRICS_TOP})."
+            )
+        if not 0 <= self.STORE_TOKEN_MARGIN_SECONDS < 3600:
+            problems.append(
+                "STORE_TOKEN_MARGIN_SECONDS must be within 0..3600 "
+                f"(got {self.STORE_TOKEN_MARGIN_SECONDS})."
+            )
         if self.PURGE_INTERVAL is not None and self.PURGE_INTERVAL < 1:
             problems.append(
                 "PURGE_INTERVAL must be at least 1 second, or None to purge from cron only "
@@ -280,7 +298,10 @@ _FIELDS = {f.name for f in fields(InboxSettings)}
 #: The keys of one app in APPS. The webhook reads the first two; the Open API client
 #: (``feishu/openapi.py``) the last three: DOMAIN is "feishu" (the default), "lark", or the
 #: base URL of a private deployment or a local test server.
-APP_KEYS = ("ENCRYPT_KEY", "VERIFICATION_TOKEN", "APP_ID", "APP_SECRET", "DOMAIN")
+APP_KEYS = ("ENCRYPT_KEY", "VERIFICATION_TOKEN", "APP_ID", "APP_SECRET", "DOMAIN", "APP_TYPE")
+#: APP_TYPE: "self_built" (the default: one tenant, ``tenant_access_token/internal``) or
+#: "store" (a store, ISV, app: ``feishu/tenancy.py`` keeps its ticket and tokens).
+APP_TYPES = ("self_built", "store")
 #: Where each DOMAIN name sends Open API calls (the values of lark_oapi.FEISHU_DOMAIN and
 #: LARK_DOMAIN, repeated here so that reading settings never imports the SDK).
 OPENAPI_DOMAINS = {"feishu": "https://open.feishu.cn", "lark": "https://open.larksuite.com"}
@@ -323,6 +344,9 @@ def app_problems(apps: dict[str, dict[str, Any]]) -> list[str]:
                 problems.append(
                     f"APPS[{name!r}][{key!r}] must be a string (got {type(value).__name__})."
                 )
+        app_type = secrets.get("APP_TYPE")
+        if isinstance(app_type, str) and app_type not in APP_TYPES:
+            problems.append(f"APPS[{name!r}]['APP_TYPE'] must be one of {', '.join(APP_TYPES)}.")
         domain = secrets.get("DOMAIN")
         if isinstance(domain, str) and domain:
             try:

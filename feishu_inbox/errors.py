@@ -73,6 +73,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Replay completed jobs only; cancel a queued or running one, requeue or discard a "
         "failed one, reconcile an unknown one.",
     ),
+    "job_tenant_required": (
+        "TENANT_REQUIRED is on and the job declared no tenant; nothing was stored.",
+        "Pass tenant= (a tenant's key, or '' for work of no tenant), or enqueue inside "
+        "`with feishu_inbox.tenant(key):`.",
+    ),
     "duplicate": (
         "Another live job holds the same event (its event id or dedupe key).",
         "Let that job finish, or cancel it, then replay.",
@@ -337,6 +342,10 @@ class PauseNotFound(LedgerError):
 
 class JobNotFound(LedgerError):
     code = "not_found"
+
+
+class TenantRequired(LedgerError):
+    code = "job_tenant_required"
 
 
 class ScheduleNotFound(LedgerError):

@@ -67,10 +67,18 @@ class EventJobQuerySet(models.QuerySet["EventJob"]):
     def in_partition(self, key: str) -> EventJobQuerySet:
         return self.filter(partition_key=key)
 
+    def of_tenant(self, tenant: str) -> EventJobQuerySet:
+        """The jobs of one tenant (SPEC §9j; "": of none)."""
+        return self.filter(tenant=tenant)
+
 
 class EventJob(models.Model):
     id = models.BigAutoField(primary_key=True, help_text="Receipt sequence.")
     app = models.CharField(max_length=64, default="default")
+    #: Whose job it is (SPEC §9j): Feishu's ``header.tenant_key`` for an event, the
+    #: ``tenant=`` its enqueuer declared for other work; "" for none. Dedupe keys are unique
+    #: per (app, tenant).
+    tenant = models.CharField(max_length=64, blank=True, default="", db_default="")
     event_id = models.CharField(max_length=128)
     event_type = models.CharField(max_length=128)
     dedupe_key = models.CharField(max_length=255)
@@ -149,7 +157,9 @@ class EventJob(models.Model):
         # function file replacing the trigger, the constraint's own change in the state only
         # (SeparateDatabaseAndState); tests/store/test_row_checks.py fails until both agree.
         constraints = [
-            models.UniqueConstraint(fields=["app", "dedupe_key"], name="feishu_inbox_job_dedupe"),
+            models.UniqueConstraint(
+                fields=["app", "tenant", "dedupe_key"], name="feishu_inbox_job_dedupe_tenant"
+            ),
             models.CheckConstraint(
                 condition=Q(status=Status.RUNNING, lease_until__isnull=False)
                 & ~Q(lease_token="")
@@ -193,6 +203,11 @@ class EventJob(models.Model):
                 fields=["partition_key"],
                 name="feishu_inbox_job_part_prefix",
                 opclasses=["varchar_pattern_ops"],
+            ),
+            # The admin's, ``inbox list``'s and the API's filter by tenant, newest first: only
+            # the jobs that have a tenant are in it (a site without tenants pays nothing).
+            models.Index(
+                fields=["tenant", "id"], name="feishu_inbox_job_tenant", condition=~Q(tenant="")
             ),
             # Admin date hierarchy (bucket probes) and "newest first" by arrival.
             models.Index(fields=["received_at"], name="feishu_inbox_job_received"),
@@ -397,6 +412,7 @@ def job_as_dict(job: EventJob, *, payload: bool = False) -> dict[str, object]:
     data: dict[str, object] = {
         "id": job.pk,
         "app": job.app,
+        "tenant": job.tenant,
         "event_id": job.event_id,
         "event_type": job.event_type,
         "dedupe_key": job.dedupe_key,
@@ -531,4 +547,5 @@ class WorkerBeat(models.Model):
 
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
 from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)
+from .tables import tenants as tenants  # noqa: E402  (AppCredential: SPEC §9j)
 from .tables import turns as turns  # noqa: E402  (TurnCleanup: SPEC §9g)

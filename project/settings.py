@@ -5,6 +5,8 @@ STATIC_ROOT    where `collectstatic` puts the admin's static files (default: sta
 DEBUG, SECRET_KEY, ALLOWED_HOSTS
 FEISHU_ENCRYPT_KEY, FEISHU_VERIFICATION_TOKEN   the default Feishu app's secrets
 FEISHU_APP_ID, FEISHU_APP_SECRET, FEISHU_DOMAIN  its Open API credentials and domain (to reply)
+FEISHU_APP_TYPE   "store" for a store (ISV) app; FEISHU_INBOX_STORE_TOKEN_MARGIN its tokens' margin
+FEISHU_INBOX_TENANT_REQUIRED   refuse jobs that declare no tenant
 FEISHU_INBOX_HANDLERS   comma-separated dotted paths of handler modules
 FEISHU_INBOX_METRICS_TOKEN, FEISHU_INBOX_METRICS_ALLOW   who may read /feishu/metrics/
 FEISHU_INBOX_TRANSACTION_POOLER, FEISHU_INBOX_LISTEN_URL, FEISHU_INBOX_POLL_ONLY   behind
@@ -126,6 +128,8 @@ FEISHU_INBOX: dict[str, object] = {
     "BATCH_WINDOW": env.float("FEISHU_INBOX_BATCH_WINDOW", default=0.005),
     "PURGE_INTERVAL": env.float("FEISHU_INBOX_PURGE_INTERVAL", default=300.0),
     # Who may read /feishu/metrics/ besides staff (README "Monitoring").
+    "TENANT_REQUIRED": env.bool("FEISHU_INBOX_TENANT_REQUIRED", default=False),
+    "STORE_TOKEN_MARGIN_SECONDS": env.float("FEISHU_INBOX_STORE_TOKEN_MARGIN", default=600.0),
     "METRICS_TOKEN": env.str("FEISHU_INBOX_METRICS_TOKEN", default=""),
     "METRICS_ALLOW": env.list("FEISHU_INBOX_METRICS_ALLOW", default=[]),
     # The demo's schedule: its task every five minutes (the admin's Schedules page). On with
@@ -144,6 +148,8 @@ FEISHU_INBOX: dict[str, object] = {
             "APP_ID": env.str("FEISHU_APP_ID", default=""),
             "APP_SECRET": env.str("FEISHU_APP_SECRET", default=""),
             "DOMAIN": env.str("FEISHU_DOMAIN", default="feishu"),
+            # "store" for a store (ISV) app: a token per tenant (docs/tenants.md).
+            "APP_TYPE": env.str("FEISHU_APP_TYPE", default="self_built"),
         },
     },
 }

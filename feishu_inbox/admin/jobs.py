@@ -35,7 +35,14 @@ from .actions import ACTIONS, as_admin_action, page_context
 from .batches import workflow_of
 from .common import STATUS_COLOURS, CappedCountPaginator, ReadOnly
 from .dashboard import dashboard_data
-from .filters import AppFilter, BlocksPartitionFilter, EventTypeFilter, KindFilter, QueueFilter
+from .filters import (
+    AppFilter,
+    BlocksPartitionFilter,
+    EventTypeFilter,
+    KindFilter,
+    QueueFilter,
+    TenantFilter,
+)
 from .pauses import pause_chats
 
 
@@ -136,6 +143,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
         QueueFilter,
         EventTypeFilter,
         AppFilter,
+        TenantFilter,
         BlocksPartitionFilter,
     ]
     # Exact ids, or a partition key prefix (case-sensitive: served by an index at any size).
@@ -161,6 +169,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
                     "event_id",
                     "event_type",
                     "app",
+                    "tenant",
                     "dedupe_key",
                     "partition_key",
                     "private_message",

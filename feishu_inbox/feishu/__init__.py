@@ -9,6 +9,7 @@
   reports, a probe), ``channel`` (one app's connection: each event stored before its ACK),
   ``fragments`` (messages split over frames, joined) and ``frames`` (the frame codec);
 - ``openapi``: Feishu's Open API through the official SDK, its answers as typed errors;
+  ``tenancy``: store (ISV) apps, their app ticket and a token per tenant;
 - ``replies``: ``reply``/``send``/``client``, the message calls as idempotent effects;
 - ``cardkit``: the CardKit calls a streamed card is made of (create, stream, settings, update);
 - ``streams``: ``stream_reply``/``stream_send``, an answer streamed into one card, resumed

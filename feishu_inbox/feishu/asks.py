@@ -119,6 +119,7 @@ def ask(
     seconds = None if timeout is None else waits.as_seconds(timeout, "timeout")
     replies._message_id(event)  # no message to reply to: InvalidMessage, before any request
     openapi.credentials(event.app)  # no credentials: ConfigurationError, before any request
+    openapi.ready(event.app)  # a store app: its tenant's token (no ticket yet: Deferred)
     key = question_key(event.app, event.event_id, name)
     question = _Question(event, base, labels, allowed, seconds, key, name, reply_in_thread)
     return waits.in_handler(question.run)

@@ -24,7 +24,7 @@ from .. import telemetry, tracing
 from ..ledger import outages, replication
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
-from . import protocol, questions, turns
+from . import protocol, questions, tenancy, turns
 
 log = logging.getLogger("feishu_inbox.inbound")
 
@@ -46,6 +46,8 @@ def store(
     Traced (``tracing.py``) as ``feishu_inbox receive``: a child of the current span (the
     request's), else of ``traceparent`` (the delivery's header), else a new trace; the job
     keeps that span's context."""
+    if envelope.event_type == tenancy.APP_TICKET_EVENT and tenancy.is_store_app(app):
+        return _store_ticket(app, envelope, transport)
     if keys is None and envelope.event_type == turns.RECALL_EVENT:
         keys = protocol.keys_for(envelope)
         if not protocol.has_key_function(envelope.event_type):
@@ -60,6 +62,7 @@ def store(
             "feishu_inbox.transport": transport,
             "feishu_inbox.event.id": envelope.event_id,
             "feishu_inbox.event.type": envelope.event_type,
+            "feishu_inbox.tenant": envelope.tenant_key,
         },
     ) as span:
         try:
@@ -72,6 +75,7 @@ def store(
                 private_message=keys.private_message,
                 payload=envelope.body,
                 payload_json=envelope.raw,
+                tenant=envelope.tenant_key,
             )
         except DatabaseError as exc:
             if outages.database_away(exc):
@@ -97,6 +101,20 @@ def store(
         result.job_id,
     )
     return result
+
+
+def _store_ticket(app: str, envelope: protocol.Envelope, transport: str) -> EnqueueResult:
+    """A store app's ``app_ticket`` is kept in the ledger (the newest wins), not made a job:
+    it is a secret, which no job's payload (shown in the admin) may hold. Job id 0."""
+    try:
+        kept = tenancy.store_ticket(app, envelope.body)
+    except DatabaseError as exc:
+        if outages.database_away(exc):
+            connections["default"].close()
+        raise
+    answer = "stored" if kept else "duplicate"
+    telemetry.DELIVERIES.labels(app, transport, answer).inc()
+    return EnqueueResult(job_id=0, created=kept, received_at=None)
 
 
 def partition_of(app: str, keys: protocol.EventKeys) -> str:

@@ -45,6 +45,7 @@ from ..errors import (
     FeishuTransientError,
     InvalidMessage,
 )
+from . import tenancy
 
 if TYPE_CHECKING:
     import lark_oapi
@@ -99,6 +100,8 @@ class Credentials:
     app_id: str
     app_secret: str = field(repr=False)
     base_url: str = "https://open.feishu.cn"
+    #: A store app (APP_TYPE "store"): its calls carry a tenant's token (``tenancy.py``).
+    store: bool = False
 
 
 def credentials(app: str) -> Credentials:
@@ -117,7 +120,8 @@ def credentials(app: str) -> Credentials:
             fix="Copy the App ID and App Secret from the app's Credentials page in the Feishu "
             f"console into FEISHU_INBOX['APPS'][{app!r}].",
         )
-    return Credentials(app, app_id, app_secret, openapi_base_url(secrets.get("DOMAIN") or "feishu"))
+    base_url = openapi_base_url(secrets.get("DOMAIN") or "feishu")
+    return Credentials(app, app_id, app_secret, base_url, secrets.get("APP_TYPE") == "store")
 
 
 _lock = threading.Lock()
@@ -151,14 +155,18 @@ def _build(creds: Credentials) -> lark_oapi.Client:
             f"Feishu app {creds.app!r} has an APP_ID, but the Feishu SDK is not installed ({exc}).",
             fix="pip install lark-oapi (the openapi extra).",
         ) from exc
-    return (
-        lark_oapi.Client.builder()
-        .app_id(creds.app_id)
-        .app_secret(creds.app_secret)
-        .domain(creds.base_url)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-    )
+    builder = lark_oapi.Client.builder().app_id(creds.app_id).app_secret(creds.app_secret)
+    if creds.store:  # each request carries the token of its tenant, given by call()
+        builder = builder.app_type(lark_oapi.AppType.ISV).enable_set_token(True)
+    return builder.domain(creds.base_url).timeout(REQUEST_TIMEOUT).build()
+
+
+def ready(app: str) -> None:
+    """Before a handler's effect: a store app's tenant token now (no ticket yet: Deferred)."""
+    tenant = tenancy.tenant_of(app, None)
+    if tenant is not None:
+        creds = credentials(app)
+        tenancy.ready(creds, _client(creds), tenant)
 
 
 def sending_apps() -> list[str]:
@@ -346,16 +354,26 @@ def _message_id(app: str, what: str, make_request: Any, patience: float) -> str:
     return message_id
 
 
-def call(app: str, what: str, make_request: Any, *, rate_limit_patience: float = 0.0) -> Any:
+def call(
+    app: str,
+    what: str,
+    make_request: Any,
+    *,
+    rate_limit_patience: float = 0.0,
+    tenant: str | None = None,
+) -> Any:
     """Make one Open API request (again once, with a fresh token, if Feishu calls the token
     invalid; again after a 429 whose reset comes within ``rate_limit_patience`` seconds of the
-    first try); return the answer's ``data``, or raise the typed error for what went wrong."""
+    first try); return the answer's ``data``, or raise the typed error for what went wrong.
+    A store app's request carries ``tenant``'s token (None: the running job's tenant's)."""
     import requests
     from lark_oapi.core.exception import ObtainAccessTokenException, UnmarshalException
     from lark_oapi.core.model import RequestOption
 
     creds = credentials(app)
     c = _client(creds)
+    store_tenant = tenancy.tenant_of(app, tenant)  # None: a self-built app
+    token = ""
     patient_until = time.monotonic() + rate_limit_patience
     fresh_token = False
     while True:
@@ -370,7 +388,11 @@ def call(app: str, what: str, make_request: Any, *, rate_limit_patience: float =
         with span as traced:
             started = time.monotonic()
             try:
-                _ensure_token(creds, c)
+                if store_tenant is None:
+                    _ensure_token(creds, c)
+                else:
+                    token = tenancy.tenant_token(creds, c, store_tenant)
+                    option = option.tenant_access_token(token)
                 # Client.request (the SDK's generic call) keeps the raw answer (status, headers)
                 # of one that is not JSON, a 500 page; im.v1.message.create raises ValueError.
                 raw = c.request(request, option.build()).raw
@@ -398,7 +420,10 @@ def call(app: str, what: str, make_request: Any, *, rate_limit_patience: float =
                 traced.set("http.response.status_code", answer.status)
         if answer.code == TOKEN_INVALID_CODE and not fresh_token:
             log.warning("Feishu app %r: the tenant token was refused; fetching a new one", app)
-            _forget_token(creds.app_id)  # revoked or rotated early: fetch a new one, once
+            if store_tenant is None:  # revoked or rotated early: fetch a new one, once
+                _forget_token(creds.app_id)
+            else:
+                tenancy.forget(creds, store_tenant, token)
             fresh_token = True
             continue
         if answer.result() == "rate_limited" and rate_limit_patience > 0:

@@ -103,6 +103,17 @@ class Envelope:
         event = self.body.get("event")
         return event if isinstance(event, dict) else {}
 
+    @property
+    def tenant_key(self) -> str:
+        """The tenant (organisation) the event is from: schema 2.0's ``header.tenant_key``,
+        1.0's ``event.tenant_key``; "" when it names none (an ``app_ticket``). Its job's tenant
+        (SPEC §9j): cut to the column's 64 characters, never a lone surrogate."""
+        header = self.body.get("header")
+        found = header.get("tenant_key") if isinstance(header, dict) else None
+        if not isinstance(found, str):
+            found = self.event.get("tenant_key")
+        return storable(found[:64], "tenant_key") if isinstance(found, str) else ""
+
 
 def _not_json(constant: str) -> Any:
     """Python's json reads NaN, Infinity and -Infinity; JSON has no such values, and a ledger

@@ -29,14 +29,21 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..conf import checked_settings
-from ..errors import Concluded, Deferred, FeishuBusinessError, FeishuRateLimited, InvalidMessage
+from ..errors import (
+    Concluded,
+    ConfigurationError,
+    Deferred,
+    FeishuBusinessError,
+    FeishuRateLimited,
+    InvalidMessage,
+)
 from ..ledger.idempotency import FEISHU_UUID_WINDOW, default_margin
 from ..ledger.limits import Bucket, RateLimit
 from ..runtime.context import Event, current
 from ..runtime.handlers import effect
 from ..runtime.limits import job_values, take
 from ..runtime.writes import write
-from . import openapi
+from . import openapi, tenancy
 
 if TYPE_CHECKING:
     import lark_oapi
@@ -173,6 +180,19 @@ def target_message(event: Event) -> str:
     return last.message_id if last is not None else _message_id(event)
 
 
+def tenant_token(app: str = "default", tenant: str | None = None) -> str:
+    """A store app's ``tenant_access_token`` for ``tenant`` (None: the running job's tenant's),
+    shared by every worker: for a call through ``client(app)``, whose requests of a store app
+    carry the token they are given (``RequestOption.builder().tenant_access_token(...)``)."""
+    store_tenant = tenancy.tenant_of(app, tenant)
+    if store_tenant is None:
+        raise ConfigurationError(
+            f"App {app!r} is not a store app: its client adds its own token to each request.",
+            fix="Use client(app) as it is, or set APPS[app]['APP_TYPE'] = 'store'.",
+        )
+    return tenancy.tenant_token(openapi.credentials(app), openapi.client(app), store_tenant)
+
+
 def _message_id(event: Event) -> str:
     message = event.payload.get("event", {}).get("message", {}) if event.payload else {}
     message_id = message.get("message_id") if isinstance(message, dict) else None
@@ -192,6 +212,7 @@ def _idempotent(
     buckets: list[Bucket],
 ) -> str:
     openapi.credentials(app)  # no credentials: ConfigurationError, before any effect
+    openapi.ready(app)  # a store app: its tenant's token (no ticket yet: Deferred)
     if margin is None and isinstance(window, timedelta):
         margin = max(default_margin(window), SLOWEST_TRY)
     refused: FeishuBusinessError | InvalidMessage | None = None

@@ -180,6 +180,7 @@ class Stream:
         if problems:
             raise InvalidMessage(problems)
         openapi.credentials(app)  # no credentials: ConfigurationError, before any request
+        openapi.ready(app)  # a store app: its tenant's token (no ticket yet: Deferred)
         self.card = StreamedCard(
             current(), app, name, send, title, summary, marker, max(interval, OPERATION_SPACING)
         )

@@ -24,6 +24,9 @@
   worker), ``concurrency`` (at most N running per key), ``pauses`` (operator pauses).
 - rows of their own: ``streams`` (a streamed reply's state), ``workers`` (each worker's
   heartbeat row), ``reports`` (each gateway's channels).
+- tenants (SPEC §9j): ``tenants`` (whose each job is: ``tenant=``, the tenant block,
+  ``TENANT_REQUIRED``), ``credentials`` (a store app's ticket and tokens, each fetched once
+  per expiry across every worker).
 
 ``feishu_inbox.ledger.enqueue(...)`` (and every other name of ``rules``) is the public way in.
 This module imports ``rules`` on first use of such a name, not at import time: ``rules`` needs
@@ -50,6 +53,8 @@ SUBMODULES = (
     "idempotency",
     "payloads",
     "kinds",
+    "tenants",
+    "credentials",
 )
 
 

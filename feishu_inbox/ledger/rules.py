@@ -42,7 +42,7 @@ from ..errors import (
 from ..models import EventJob
 from ..store import EVERY_KEY, KeyFilter, Row, store
 from ..store.base import aware
-from . import pauses, waits, wakeups
+from . import pauses, tenants, waits, wakeups
 from .fencing import lease_lost as _lease_lost
 from .fencing import why_not_held as _why_not_held
 from .idempotency import Idempotent, window_params, window_passed
@@ -96,6 +96,8 @@ class ClaimedJob:
     due_at: datetime | None = None
     #: The trace context stored with it ("" when its enqueue was not traced).
     trace_parent: str = ""
+    #: Whose job it is (SPEC §9j; "" for none).
+    tenant: str = ""
 
     @property
     def id(self) -> int:
@@ -116,6 +118,7 @@ class ClaimedJob:
             received_at=aware(row.get("received_at")),
             trace_parent=row.get("trace_parent") or "",
             due_at=aware(row.get("available_at")),
+            tenant=row.get("tenant") or "",
         )
 
 
@@ -144,8 +147,14 @@ def enqueue(
     app: str = "default",
     payload_json: str | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
 ) -> EnqueueResult:
-    """Store an event once. A second enqueue of the same (app, dedupe key) changes nothing.
+    """Store an event once. A second enqueue of the same (app, tenant, dedupe key) changes
+    nothing.
+
+    ``tenant``: whose job it is (SPEC §9j, ``ledger/tenants.py``): None takes the enclosing
+    ``tenant`` block's (a running handler's: its job's), else none, or ``TenantRequired``
+    when the site requires one; "" is explicitly none.
 
     ``payload_json``, when given, is ``payload`` already serialised (the webhook has the
     decrypted text): it is stored as is instead of serialising ``payload`` again.
@@ -178,6 +187,7 @@ def enqueue(
             "enqueue was refused: " + "; ".join(problems) + ".",
             fix="Fix the call; nothing was stored.",
         )
+    job["tenant"] = tenants.resolve(tenant, what=f"A job of type {event_type!r}")
     if payload_json is None:
         payload_json = EventJob._meta.get_field("payload").get_db_prep_value(
             payload, connection, prepared=False

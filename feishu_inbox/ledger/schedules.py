@@ -27,6 +27,8 @@ class Occurrence:
     event_type: str
     partition_key: str
     payload: dict[str, Any]
+    #: Whose job it is (SPEC §9j): the schedule's tenant, "" for none.
+    tenant: str = ""
 
     def enqueue(self) -> rules.EnqueueResult:
         return rules.enqueue(
@@ -35,6 +37,7 @@ class Occurrence:
             partition_key=self.partition_key,
             payload=self.payload,
             dedupe_key=self.key,
+            tenant=self.tenant,
         )
 
 

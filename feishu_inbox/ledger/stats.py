@@ -218,3 +218,44 @@ def vacuum() -> Vacuum:
     if oldest is None:
         return Vacuum(tables, 0.0, 0)
     return Vacuum(tables, float(oldest["seconds"] or 0.0), int(oldest["xids"] or 0))
+
+
+#: The per-tenant gauges read at most this many unresolved jobs (a bound on a scrape's cost:
+#: past it each count is "at least").
+TENANT_SCAN_LIMIT = 100_000
+#: The label of the tenants summed together (beyond the top N), and of jobs of no tenant.
+OTHER_TENANTS, NO_TENANT = "other", "none"
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    tenant: str
+    #: Queued and retry-wait jobs (due or not), and running ones.
+    backlog: int
+    running: int
+
+
+def tenant_load(top: int, scan_limit: int = TENANT_SCAN_LIMIT) -> list[TenantLoad]:
+    """The ``top`` tenants with the largest backlog, each with its own row, then the rest
+    summed as ``OTHER_TENANTS`` (zero when there is no rest): a label set of at most
+    ``top + 1`` values however many tenants there are. Jobs of no tenant count as
+    ``NO_TENANT``. Reads at most ``scan_limit`` unresolved jobs."""
+    active = (Status.QUEUED, Status.RETRY_WAIT, Status.RUNNING)
+    sample = EventJob.objects.filter(status__in=active).order_by().values("pk")[:scan_limit]
+    rows = (
+        EventJob.objects.filter(pk__in=sample)
+        .order_by()
+        .values_list("tenant", "status")
+        .annotate(n=Count("id"))
+    )
+    loads: dict[str, list[int]] = {}
+    for tenant, status, n in rows:
+        load = loads.setdefault(tenant or NO_TENANT, [0, 0])
+        load[1 if status == Status.RUNNING else 0] += n
+    ranked = sorted(loads.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))
+    found = [TenantLoad(t, b, r) for t, (b, r) in ranked[:top]]
+    rest = ranked[top:]  # always a row, zero when there is no rest: a steady series
+    found.append(
+        TenantLoad(OTHER_TENANTS, sum(b for _, (b, _) in rest), sum(r for _, (_, r) in rest))
+    )
+    return found

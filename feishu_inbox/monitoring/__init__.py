@@ -195,9 +195,30 @@ def _ledger_families() -> list[Any]:
             following = spec.cron.after(row.watermark) if row else None
             upcoming.add_metric([name], following.timestamp() if following else 0.0)
         families += [last, upcoming]
+    families.append(_tenant_family())
     from .database import database_families
 
     return families + database_families()
+
+
+def _tenant_family() -> Any:
+    """Jobs per tenant (SPEC §9j), bounded: the TENANT_METRICS_TOP tenants with the largest
+    backlog, the rest summed as tenant "other" (jobs of no tenant: "none")."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from ..conf import inbox_settings
+    from ..ledger import stats as ledger_stats
+
+    family = GaugeMetricFamily(
+        "feishu_inbox_ledger_tenant_jobs",
+        "Queued and retry-wait (backlog) and running jobs of the tenants with the largest "
+        'backlog; the other tenants summed as tenant "other", jobs of no tenant as "none".',
+        labels=["tenant", "state"],
+    )
+    for load in ledger_stats.tenant_load(inbox_settings().TENANT_METRICS_TOP):
+        family.add_metric([load.tenant, "backlog"], load.backlog)
+        family.add_metric([load.tenant, "running"], load.running)
+    return family
 
 
 def _running_per_worker() -> list[tuple[str, int]]:

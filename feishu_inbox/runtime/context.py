@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import LeaseLost, TimedOut
+from ..ledger import tenants
 
 log = logging.getLogger("feishu_inbox.handlers")
 
@@ -74,6 +75,9 @@ class Event:
     received_at: datetime | None = None
     #: A coalescing handler's turn (``runtime/turns.py``: its messages); None otherwise.
     turn: Any = None
+    #: Whose job it is (SPEC §9j): Feishu's tenant_key for an event; "" for none. A store
+    #: app's replies use this tenant's token.
+    tenant: str = ""
 
 
 @dataclass
@@ -199,3 +203,12 @@ def enter(ctx: JobContext) -> contextvars.Token[JobContext]:
 def leave(token: contextvars.Token[JobContext]) -> None:
     """The handler returned: ``enter``'s job is no longer current."""
     _current.reset(token)
+
+
+def _running_job_tenant() -> str | None:
+    """The running handler's job's tenant (what it enqueues is its tenant's), else None."""
+    ctx = _current.get(None)
+    return None if ctx is None else ctx.event.tenant
+
+
+tenants.read_running_job_tenant(_running_job_tenant)

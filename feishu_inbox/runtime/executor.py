@@ -77,6 +77,7 @@ class Executor:
             attempt=job.lease.attempt,
             private_message=job.private_message,
             received_at=job.received_at,
+            tenant=job.tenant,
         )
         timeout = registry.timeout_for(job.event_type)
         return context.JobContext(

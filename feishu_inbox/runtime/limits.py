@@ -36,7 +36,9 @@ def job_values(event: Event) -> dict[str, Any]:
         "partition": event.partition_key,
         "chat_id": message.get("chat_id") or inner.get("chat_id"),  # type: ignore[union-attr]
         "open_id": sender.get("open_id") if isinstance(sender, dict) else None,
-        "tenant_key": (header or {}).get("tenant_key"),
+        "tenant_key": (header or {}).get("tenant_key") or event.tenant or None,
+        # any job's tenant (SPEC §9j): a limit or a concurrency key per tenant
+        "tenant": event.tenant or None,
     }
 
 

@@ -48,7 +48,7 @@ CATCH_UP_POLICIES = (SKIP, RUN_ONCE, RUN_ALL)
 EVENT_TYPE_PREFIX = SCHEDULE_PREFIX
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The keys of a settings-declared schedule.
-SETTINGS_KEYS = ("cron", "handler", "tz", "catch_up", "max_catch_up", "partition")
+SETTINGS_KEYS = ("cron", "handler", "tz", "catch_up", "max_catch_up", "partition", "tenant")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,6 +105,8 @@ class ScheduleSpec:
     target: Callable[..., Any]
     #: Where it was declared (``module.function``, or the settings).
     origin: str
+    #: Whose its occurrences are (SPEC §9j); "" (the default): no tenant's, site-wide work.
+    tenant: str = ""
 
     @property
     def event_type(self) -> str:
@@ -210,6 +212,7 @@ def schedule(
     name: str | None = None,
     retry: RetryPolicy | None = None,
     timeout: timedelta | float | None = None,
+    tenant: str = "",
 ) -> Callable[[F], F]:
     """Run the decorated function at each occurrence of ``cron`` in time zone ``tz``.
 
@@ -218,7 +221,7 @@ def schedule(
     defaults to the function's name; ``tz`` to ``settings.TIME_ZONE``; ``partition`` (the
     occurrences of one partition run one at a time, in order) to ``schedule:<name>``;
     ``retry`` (a ``RetryPolicy``) to the site's policy, and ``timeout`` to none, as for
-    ``@handler``.
+    ``@handler``; ``tenant`` (whose occurrences are, SPEC §9j) to "" (none: site-wide work).
     """
 
     def register(fn: F) -> F:
@@ -234,6 +237,7 @@ def schedule(
             origin=origin,
             retry=retry,
             timeout=timeout,
+            tenant=tenant,
         )
         return fn
 
@@ -252,6 +256,7 @@ def declare(
     origin: str = "",
     retry: RetryPolicy | None = None,
     timeout: timedelta | float | None = None,
+    tenant: str = "",
 ) -> ScheduleSpec | None:
     """Check one declaration; register it (and its handler) or record every problem with it."""
     spec, problems = check(
@@ -263,6 +268,7 @@ def declare(
         max_catch_up=max_catch_up,
         partition=partition,
         origin=origin,
+        tenant=tenant,
     )
     _problems.extend(problems)
     if spec is None:
@@ -283,6 +289,7 @@ def check(
     max_catch_up: int = 10,
     partition: str | None = None,
     origin: str = "",
+    tenant: str = "",
 ) -> tuple[ScheduleSpec | None, list[str]]:
     """A checked schedule, or None and every problem with the declaration (as sentences)."""
     label = f"schedule {name!r}" + (f" ({origin})" if origin else "")
@@ -319,6 +326,8 @@ def check(
     key = partition if partition is not None else f"schedule:{name}"
     if not isinstance(key, str) or not key or len(key) > 255:
         problems.append(f"{label}: partition must be a string of 1 to 255 characters")
+    if not isinstance(tenant, str) or len(tenant) > 64:
+        problems.append(f"{label}: tenant must be a string of at most 64 characters")
     if not callable(target):
         problems.append(f"{label}: what it runs is not callable: {target!r}")
     if problems or parsed is None or zone is None:
@@ -332,6 +341,7 @@ def check(
         partition=key,
         target=target,
         origin=origin,
+        tenant=tenant,
     )
     return spec, []
 
@@ -395,6 +405,7 @@ def load_settings() -> None:
             catch_up=entry.get("catch_up", SKIP),
             max_catch_up=entry.get("max_catch_up", 10),
             partition=entry.get("partition"),
+            tenant=entry.get("tenant", ""),
             origin=f"{where} -> {entry['handler']}",
             retry=retry,
         )

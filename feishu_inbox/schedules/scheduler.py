@@ -163,7 +163,7 @@ def _payload(spec: ScheduleSpec, occurrence: datetime, trigger: str, by: str) ->
 
 
 def _job(spec: ScheduleSpec, key: str, payload: dict[str, Any]) -> rows.Occurrence:
-    return rows.Occurrence(key, spec.event_type, spec.partition, payload)
+    return rows.Occurrence(key, spec.event_type, spec.partition, payload, tenant=spec.tenant)
 
 
 # --- operators -------------------------------------------------------------------------------

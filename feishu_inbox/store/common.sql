@@ -150,10 +150,11 @@ WHERE id = %(job_id)s AND status IN {statuses}
 RETURNING partition_key, status
 
 -- replay_duplicate --
--- Another live job of the same event (its event id or dedupe key), which a replay must not
--- run beside.
+-- Another live job of the same event (its event id or dedupe key, of the same tenant: another
+-- tenant's job of the same key is another event), which a replay must not run beside.
 SELECT other.id FROM {job} other, {job} this
-WHERE this.id = %(job_id)s AND other.app = this.app AND other.id <> this.id
+WHERE this.id = %(job_id)s AND other.app = this.app AND other.tenant = this.tenant
+  AND other.id <> this.id
   AND (other.event_id = this.event_id OR other.dedupe_key = this.dedupe_key)
   AND NOT (other.status = '{completed}')
 LIMIT 1

@@ -40,7 +40,7 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_enqueue: as in 0025_trace_context.sql (migration 0025_trace_context).
+-- feishu_inbox_enqueue: as in 0037_tenants.sql (migration 0037_tenants).
 --
 -- (0006:) feishu_inbox_enqueue also notifies for a private message, so the worker running its
 -- chat's job looks for the newer message at once.
@@ -54,10 +54,11 @@ $$;
 -- (defer_and_rank_job and defer_and_rank_head in common.sql), so the enqueue is unchanged.
 -- (0022:) it also returns the job's received_at (the stored one, or the duplicate's).
 -- (0025:) it stores p_trace_parent, the enqueuing caller's trace context (tracing.py).
+-- (0037:) it stores p_tenant (SPEC §9j), and dedupe keys are unique per (app, tenant).
 CREATE OR REPLACE FUNCTION feishu_inbox_enqueue(
     p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
     p_private boolean, p_payload jsonb, p_max_attempts integer,
-    p_trace_parent text DEFAULT ''
+    p_trace_parent text DEFAULT '', p_tenant text DEFAULT ''
 ) RETURNS TABLE (job_id bigint, created boolean, received_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
     v_head bigint;
@@ -80,17 +81,18 @@ BEGIN
     INSERT INTO {job} (app, event_id, event_type, dedupe_key, partition_key, private_message,
         payload, status, attempt, max_attempts, received_at, available_at, worker_id,
         lease_token, effects_in_flight, side_effect_started, effect_uncertain, cancel_requested,
-        error_type, error_message, resolution, trace_parent)
+        error_type, error_message, resolution, trace_parent, tenant)
     VALUES (p_app, p_event_id, p_event_type, p_dedupe, p_key, p_private, p_payload, '{queued}',
         0, p_max_attempts, now(), now(), '', '', 0, FALSE, FALSE, FALSE, '', '', '',
-        p_trace_parent)
-    ON CONFLICT (app, dedupe_key) DO NOTHING
+        p_trace_parent, p_tenant)
+    ON CONFLICT (app, tenant, dedupe_key) DO NOTHING
     RETURNING id, {job}.received_at INTO v_id, v_received;
 
     IF v_id IS NULL THEN
         -- duplicate_of
         SELECT j.id, j.received_at INTO v_id, v_received
-        FROM {job} j WHERE j.app = p_app AND j.dedupe_key = p_dedupe;
+        FROM {job} j
+        WHERE j.app = p_app AND j.tenant = p_tenant AND j.dedupe_key = p_dedupe;
         RETURN QUERY SELECT v_id, FALSE, v_received;
         RETURN;
     END IF;

@@ -15,7 +15,7 @@
 SELECT job_id, created, received_at
 FROM feishu_inbox_enqueue(%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s,
                           %(partition_key)s, %(private_message)s, %(payload)s,
-                          %(max_attempts)s, %(trace_parent)s)
+                          %(max_attempts)s, %(trace_parent)s, %(tenant)s)
 
 -- claim --
 -- Claim up to %(limit)s due partition heads, lowest receipt sequence first, with row locks that

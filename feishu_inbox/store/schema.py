@@ -63,7 +63,7 @@ IDLE = PartitionState.IDLE.value
 #: The columns a claim returns (``ledger.ClaimedJob.from_row`` reads them by name).
 CLAIMED_COLUMNS = (
     "id, event_id, event_type, app, payload, private_message, attempt, partition_key, "
-    "lease_until, has_steps, received_at, available_at, trace_parent, priority"
+    "lease_until, has_steps, received_at, available_at, trace_parent, priority, tenant"
 )
 
 #: SPEC §3 Effects: once any effect started the job is never retried automatically, unless

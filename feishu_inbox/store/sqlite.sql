@@ -23,17 +23,19 @@ RETURNING head_id
 INSERT INTO {job} (app, event_id, event_type, dedupe_key, partition_key,
     private_message, payload, status, attempt, max_attempts, received_at, available_at,
     worker_id, lease_token, effects_in_flight, side_effect_started,
-    effect_uncertain, cancel_requested, error_type, error_message, resolution, trace_parent)
+    effect_uncertain, cancel_requested, error_type, error_message, resolution, trace_parent,
+    tenant)
 VALUES (%(app)s, %(event_id)s, %(event_type)s, %(dedupe_key)s, %(partition_key)s,
     %(private_message)s, %(payload)s, '{queued}', 0, %(max_attempts)s, now(), now(),
-    '', '', 0, FALSE, FALSE, FALSE, '', '', '', %(trace_parent)s)
-ON CONFLICT (app, dedupe_key) DO NOTHING
+    '', '', 0, FALSE, FALSE, FALSE, '', '', '', %(trace_parent)s, %(tenant)s)
+ON CONFLICT (app, tenant, dedupe_key) DO NOTHING
 RETURNING id, received_at
 
 -- duplicate_of --
--- The job already stored under this dedupe key. Only on SQLite (PostgreSQL: inside
--- feishu_inbox_enqueue()).
-SELECT id, received_at FROM {job} WHERE app = %(app)s AND dedupe_key = %(dedupe_key)s
+-- The job already stored under this dedupe key (the tenant's). Only on SQLite (PostgreSQL:
+-- inside feishu_inbox_enqueue()).
+SELECT id, received_at FROM {job}
+WHERE app = %(app)s AND tenant = %(tenant)s AND dedupe_key = %(dedupe_key)s
 
 -- set_first_head --
 -- An idle partition gets the new job as its head: only then is there new claimable work.

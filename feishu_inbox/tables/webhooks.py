@@ -73,6 +73,8 @@ class WebhookMessage(models.Model):
     #: The JSON body, exactly as signed and sent.
     body = models.TextField()
     created_at = models.DateTimeField()
+    #: Whose message it is (SPEC §9j): its delivery jobs (and a replay's) are this tenant's.
+    tenant = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-id"]

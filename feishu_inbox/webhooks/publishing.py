@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from ..conf import checked_settings
 from ..ledger import rules as ledger
+from ..ledger import tenants
 from ..tables.webhooks import WebhookEndpoint, WebhookMessage
 from . import signing
 from .endpoints import PREFIX, event_type_of
@@ -89,26 +90,34 @@ def subscribed(event_type: str) -> list[WebhookEndpoint]:
     ]
 
 
-def publish(event_type: str, payload: Any, *, key: str | None = None) -> Published:
+def publish(
+    event_type: str, payload: Any, *, key: str | None = None, tenant: str | None = None
+) -> Published:
     """Publish an event: one delivery per subscribed endpoint, inside the caller's
     transaction (nothing is sent if it rolls back). Deliveries of one ``key`` reach each
-    endpoint in publish order; without a key they may overtake each other."""
+    endpoint in publish order; without a key they may overtake each other. ``tenant``: whose
+    message it is (SPEC §9j; None: the enclosing ``feishu_inbox.tenant`` block's, or the
+    running handler's job's)."""
     check(event_type, key)
+    tenant = tenants.resolve(tenant, what=f"A webhook message of type {event_type!r}")
     now = timezone.now()
     body = body_of(event_type, payload, now.isoformat().replace("+00:00", "Z"))
     uid = signing.new_id("msg")
     with transaction.atomic():
         WebhookMessage.objects.create(
-            uid=uid, event_type=event_type, key=key or "", body=body, created_at=now
+            uid=uid, event_type=event_type, key=key or "", body=body, created_at=now, tenant=tenant
         )
         endpoints = subscribed(event_type)
         for endpoint in endpoints:
-            enqueue_delivery(uid, endpoint.uid, key or "", event_id=f"{uid}:{endpoint.uid}")
+            event_id = f"{uid}:{endpoint.uid}"
+            enqueue_delivery(uid, endpoint.uid, key or "", event_id=event_id, tenant=tenant)
     return Published(uid, tuple(e.uid for e in endpoints))
 
 
-def enqueue_delivery(message_uid: str, endpoint_uid: str, key: str, *, event_id: str) -> int:
-    """One delivery job (a replay's too); returns its id."""
+def enqueue_delivery(
+    message_uid: str, endpoint_uid: str, key: str, *, event_id: str, tenant: str
+) -> int:
+    """One delivery job (a replay's too) of the message's tenant; returns its id."""
     return ledger.enqueue(
         event_id=event_id,
         event_type=event_type_of(endpoint_uid),
@@ -116,4 +125,5 @@ def enqueue_delivery(message_uid: str, endpoint_uid: str, key: str, *, event_id:
         payload={"message": message_uid, "endpoint": endpoint_uid},
         app=APP,
         max_attempts=ATTEMPTS,
+        tenant=tenant,
     ).job_id

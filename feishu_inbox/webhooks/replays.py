@@ -58,7 +58,7 @@ def _one(message: WebhookMessage, endpoint_uid: str, done: Replayed) -> None:
         return
     event_id = f"{message.uid}:{endpoint_uid}:replay-{secrets.token_hex(6)}"
     done.jobs[message.uid] = enqueue_delivery(
-        message.uid, endpoint_uid, message.key, event_id=event_id
+        message.uid, endpoint_uid, message.key, event_id=event_id, tenant=message.tenant
     )
 
 

@@ -20,10 +20,12 @@ What a job made by a workflow gets beside its own arguments:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import WorkflowRefused
+from ..errors import LedgerError, WorkflowRefused
+from ..ledger import tenants
 from ..ledger.kinds import TASK_PREFIX, WORKFLOW_EVENT_PREFIX
 
 #: The longest event type, app and ordering key (the job's columns).
@@ -43,8 +45,13 @@ class JobSpec:
     key: str | None = None
     #: The Feishu app a handler's job is for (None: its parent's, else "default").
     app: str | None = None
+    #: Whose job it is (SPEC §9j; None: the tenant of whoever stores the spec: the enclosing
+    #: ``feishu_inbox.tenant`` block's, or the running handler's job's).
+    tenant: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The stored form; its tenant is decided now, by whoever stores it (a callback that
+        fires later, outside any handler, is still the batch maker's tenant's)."""
         return {
             "target": self.target,
             "task": self.is_task,
@@ -52,6 +59,7 @@ class JobSpec:
             "args": self.args,
             "key": self.key,
             "app": self.app,
+            "tenant": self.tenant if self.tenant is not None else tenants.current(),
         }
 
 
@@ -61,10 +69,28 @@ def job(
     *,
     key: str | None = None,
     app: str | None = None,
+    tenant: str | None = None,
 ) -> JobSpec:
     """A job spec: ``kind_or_task`` is a handler's event type (``payload``: its event's
     payload, a dict) or a ``@task`` (``payload``: its keyword arguments, a dict, or its
-    positional arguments, a list)."""
+    positional arguments, a list). ``tenant``: whose job it is (None: its maker's)."""
+    spec = _job(kind_or_task, payload, key=key, app=app)
+    if tenant is None:
+        return spec
+    try:
+        tenants.check(tenant)
+    except LedgerError as exc:
+        raise WorkflowRefused(exc.message, fix=exc.fix) from None
+    return replace(spec, tenant=tenant)
+
+
+def _job(
+    kind_or_task: Any,
+    payload: dict[str, Any] | list[Any] | None,
+    *,
+    key: str | None,
+    app: str | None,
+) -> JobSpec:
     if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_LIMIT):
         raise WorkflowRefused(
             f"A job's key must be a string of 1 to {KEY_LIMIT} characters (got {key!r:.80}).",
@@ -173,6 +199,7 @@ def enqueue(spec: dict[str, Any], extra: dict[str, Any]) -> int:
         partition_key=partition,
         payload=payload,
         app=spec["app"] or extra.get("app") or "default",
+        tenant=spec.get("tenant"),
     )
     return stored.job_id
 
@@ -189,7 +216,8 @@ def _enqueue_task(spec: dict[str, Any], extra: dict[str, Any]) -> int:
         args = [extra["previous"], *args]
     if "batch" in extra and isinstance(extra["batch"], dict):
         kwargs["batch"] = extra["batch"]
-    if spec["key"]:
-        with ordering_key(spec["key"]):
-            return int(backend.store_task(task, args, kwargs)[1])
-    return int(backend.store_task(task, args, kwargs)[1])
+    with tenants.tenant(spec["tenant"]) if spec.get("tenant") is not None else nullcontext():
+        if spec["key"]:
+            with ordering_key(spec["key"]):
+                return int(backend.store_task(task, args, kwargs)[1])
+        return int(backend.store_task(task, args, kwargs)[1])

@@ -27,6 +27,10 @@ token fetches per app, and fails on request::
 
 A benchmark starts it the same way, sends through the client, and reads ``counts()``.
 
+Store (ISV) apps (``store_apps={app_id: secret}``) get the ticket, app-token and per-tenant
+token endpoints of ``fake_store_apps.py`` (in ``fake.store``); a tenant token authenticates
+like any, and the messages it sends carry its tenant (``Message.tenant_key``).
+
 It serves CardKit too (``fake_cardkit.py``: the cards a streamed reply writes into, in
 ``fake.cardkit``); ``fail_next(..., endpoint="card")`` and ``fail_first_tries`` reach its
 endpoints as well (a create's first try is its card JSON's; an operation's, its uuid's).
@@ -46,9 +50,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import fake_cardkit, fake_reactions, processes
+from tests.support import fake_cardkit, fake_reactions, fake_store_apps, processes
 from tests.support.fake_cardkit import CardKit, card_entity
 from tests.support.fake_reactions import Reactions
+from tests.support.fake_store_apps import StoreApps
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 SEND_PATH = "/open-apis/im/v1/messages"
@@ -105,6 +110,8 @@ class Message:
     created: float = field(default_factory=time.time)
     #: The CardKit card an interactive message carries (``{"type": "card", ...}``).
     card_id: str | None = None
+    #: A store app's message: the tenant whose token sent it (``fake_store_apps.py``).
+    tenant_key: str | None = None
 
 
 @dataclass
@@ -129,6 +136,7 @@ class FakeFeishu:
         limits: dict[str, int] | None = None,
         stream_window: float = 600.0,
         card_ops_per_second: int = 10,
+        store_apps: dict[str, str] | None = None,
     ) -> None:
         #: app_id -> app_secret
         self.apps = dict(apps or {"cli_fake": "fake-secret"})
@@ -146,6 +154,8 @@ class FakeFeishu:
         self.cardkit = CardKit(stream_window=stream_window, ops_per_second=card_ops_per_second)
         #: Reactions on messages, and the messages their senders recalled (fake_reactions.py).
         self.reactions = Reactions()
+        #: Store (ISV) apps (app_id -> app_secret): tickets, app and tenant tokens.
+        self.store = StoreApps(dict(store_apps or {}), self._lock, token_expire)
         self._first_try_faults: tuple[float, random.Random, tuple[Fault, ...]] | None = None
         self._first_tries: set[tuple[str, str]] = set()  # (app_id, uuid) already requested
         self._server: ThreadingHTTPServer | None = None
@@ -287,6 +297,9 @@ class FakeFeishu:
             found = self._tokens.get(token)
             if found and found[1] > time.time():
                 return found[0]
+            tenants = self.store.tenant_tokens.get(token)  # a store app's tenant's token
+            if tenants and tenants[2] > time.time():
+                return tenants[0]
         return None
 
     def admit(self, app_id: str, kind: str, fields: dict[str, Any]) -> float | None:
@@ -353,6 +366,7 @@ class FakeFeishu:
                 parent_id=parent,
                 reply_in_thread=bool(fields.get("reply_in_thread")),
                 card_id=entity["data"]["card_id"] if entity else None,
+                tenant_key=fields.get("tenant_key"),
             )
             self.messages.append(message)
             if chat_id:
@@ -432,6 +446,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.answer(400, {"code": 99991663, "msg": "Invalid access token."})
                 return
             self.answer(*fake.reactions.add(app_id, reactions.group(1), body))
+        if url.path in fake_store_apps.PATHS:
+            fault = fake.next_fault("token", None, None)
+            if fault:
+                self.fault(fault, applied=False)
+                return
+            self.answer(*fake.store.answer(url.path, body))
             return
         if url.path == TOKEN_PATH:
             fault = fake.next_fault("token", None, None)
@@ -469,6 +489,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         assert isinstance(body, dict)
         fields = {**body, "receive_id_type": receive_id_type}
+        bearer = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        fields["tenant_key"] = fake.store.tenant_of(bearer)
         if reply:
             fields["parent_id"] = reply.group(1)
             if reply.group(1) in fake.reactions.recalled:
@@ -652,7 +674,7 @@ def message_data(message: Message) -> dict[str, Any]:
             "id": message.app_id,
             "id_type": "app_id",
             "sender_type": "app",
-            "tenant_key": "fake_tenant",
+            "tenant_key": message.tenant_key or "fake_tenant",
         },
         "body": {"content": message.content},
     }

@@ -140,6 +140,7 @@ class Command(WebhookCommands):
         lst = sub.add_parser("list", help="List jobs, newest first.")
         lst.add_argument("--status", choices=[s.value for s in Status])
         lst.add_argument("--partition")
+        lst.add_argument("--tenant", help="the jobs of this tenant ('' for none)")
         lst.add_argument(
             "--kind",
             choices=sorted(choices()),
@@ -282,6 +283,8 @@ class Command(WebhookCommands):
             jobs = jobs.filter(status=options["status"])
         if options["partition"]:
             jobs = jobs.in_partition(options["partition"])
+        if options["tenant"] is not None:
+            jobs = jobs.of_tenant(options["tenant"])
         if options["kind"]:
             jobs = of_kind(jobs, options["kind"])
         if options["queue"]:
