@@ -191,10 +191,11 @@ def test_a_burst_is_one_turn_one_model_call_one_streamed_reply(
     assert fake.reactions.left() == []
 
 
+@pytest.mark.parametrize("transport", ["webhook", "long_connection"])
 def test_kills_in_the_quiet_window_and_in_the_turn_still_make_one_turn(
-    webhook: Any, fake: FakeFeishu, workers: Workers
+    transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
 ) -> None:
-    chat = Chat(webhook, fake, "oc_kills")
+    chat = chat_on(transport, request, fake, "oc_kills")
     # a quiet window long enough that a busy machine's worker claims inside it
     env = turn_env(fake, TURN_QUIET="5", TURN_MAX_WAIT="20")
     first = workers.start("--lease-seconds", "2", **env)
