@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .backfills import backfill, export
 from .errors import (
     Cancelled,
     ChildFailed,
@@ -66,6 +67,7 @@ __all__ = [
     "WaitTimedOut",
     "WorkflowRefused",
     "ask",
+    "backfill",
     "batch",
     "card_callback",
     "chain",
@@ -73,6 +75,7 @@ __all__ = [
     "client",
     "effect",
     "event_keys",
+    "export",
     "handler",
     "job",
     "outcomes",

@@ -15,13 +15,22 @@ class FeishuInboxConfig(AppConfig):
             checks,  # noqa: F401  (registers the system checks)
             store,  # noqa: F401  (prepares each new database connection)
         )
+        from .backfills.exports import EXPORT_KIND
+        from .backfills.running import BACKFILL_KIND
         from .conf import inbox_settings
         from .ledger import kinds
         from .tasks.jobs import TASK_KIND
         from .webhooks.delivery import WEBHOOK_KIND
 
         # The kinds of job (ledger/kinds.py): each capability's, before any handler module.
-        for kind in (kinds.FEISHU_EVENTS, kinds.SCHEDULE_OCCURRENCES, TASK_KIND, WEBHOOK_KIND):
+        for kind in (
+            kinds.FEISHU_EVENTS,
+            kinds.SCHEDULE_OCCURRENCES,
+            TASK_KIND,
+            WEBHOOK_KIND,
+            BACKFILL_KIND,
+            EXPORT_KIND,
+        ):
             kinds.register(kind)
         from .workflows import ready as workflows_ready
 

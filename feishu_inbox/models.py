@@ -530,4 +530,5 @@ class WorkerBeat(models.Model):
 
 
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
+from .tables import backfills as backfills  # noqa: E402  (Backfill, Export: SPEC §9i)
 from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)

@@ -1,5 +1,6 @@
 """Tables beside ``models.py`` (which is at the module line limit), each a leaf that imports
 only Django: ``flow`` (rate buckets, concurrency slots, pauses: SPEC §9c), ``batches``
 (workflows' batches and their members' events: SPEC §9f) and ``webhooks`` (outbound
-webhooks' endpoints, messages and attempts: SPEC §9h). ``models.py`` imports them, so
+webhooks' endpoints, messages and attempts: SPEC §9h) and ``backfills`` (backfills and
+exports: SPEC §9i). ``models.py`` imports them, so
 Django finds them as the app's models; their names are also importable from there."""

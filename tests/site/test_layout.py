@@ -30,6 +30,7 @@ LAYERS = {
     "webhooks": 4,
     "monitoring": 4,
     "workflows": 4,
+    "backfills": 4,
     "admin": 5,
     "management": 5,
     "templatetags": 5,
