@@ -195,9 +195,10 @@ def _ledger_families() -> list[Any]:
             following = spec.cron.after(row.watermark) if row else None
             upcoming.add_metric([name], following.timestamp() if following else 0.0)
         families += [last, upcoming]
+    from .backfills import backfill_families
     from .database import database_families
 
-    return families + database_families()
+    return families + backfill_families() + database_families()
 
 
 def _running_per_worker() -> list[tuple[str, int]]:

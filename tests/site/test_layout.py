@@ -55,6 +55,7 @@ WIRING = {"__init__", "apps", "checks", "urls"}
 SIDEWAYS = {
     ("schedules", "tasks"),  # a schedule may run a django.tasks task
     ("monitoring", "schedules"),  # the schedules' next and last occurrence are metrics
+    ("monitoring", "backfills"),  # a backfill's progress and stall are metrics
     ("workflows", "tasks"),  # a workflow's job may be a django.tasks task
 }
 

@@ -89,6 +89,7 @@ def fill(batch: Any) -> None:
 def hang(keys: list[int]) -> None:
     """Counts its batch, but waits while the ``hold`` file exists (a batch that never ends)."""
     while (_dir() / "hold").exists():
+        (_dir() / "holding").touch()
         time.sleep(0.05)  # a stuck batch function, by design
     Row.objects.filter(pk__in=keys).update(counter=F("counter") + 1)
 
