@@ -77,7 +77,7 @@ class Encoder:
             self._csv.writerow([_csv_value(v) for v in values])
             return self._take()
         for value in values:
-            if value is not None and not isinstance(value, PLAIN):
+            if value is not None and not isinstance(value, (*PLAIN, dict, list)):
                 raise RowInvalid(f"a {type(value).__name__} has no JSON form")
         try:
             line = json.dumps(
@@ -145,11 +145,12 @@ def storage_spec(storage: Storage | str | None) -> dict[str, Any]:
         storages[storage]  # raises InvalidStorageError for an unknown alias
         return {"alias": storage}
     path, args, kwargs = storage.deconstruct()  # type: ignore[attr-defined]
-    return {"path": path, "args": list(args), "kwargs": kwargs}
+    # JSON, as the worker will read it (a location given as a Path becomes its text).
+    return json.loads(json.dumps({"path": path, "args": list(args), "kwargs": kwargs}, default=str))
 
 
 def download_token(uid: str, filename: str) -> str:
-    return signing.TimestampSigner(salt=LINK_SALT).sign(f"{uid}/{filename}")
+    return signing.TimestampSigner(salt=LINK_SALT).sign(f"{uid}|{filename}")
 
 
 def read_token(token: str, max_age: float) -> tuple[str, str]:
@@ -157,5 +158,5 @@ def read_token(token: str, max_age: float) -> tuple[str, str]:
     value = signing.TimestampSigner(salt=LINK_SALT).unsign(
         token, max_age=timedelta(seconds=max_age)
     )
-    uid, filename = value.split("/", 1)
+    uid, filename = value.split("|", 1)
     return uid, filename

@@ -27,6 +27,8 @@ class Row(models.Model):
     label = models.CharField(max_length=64, default="")
     value = models.IntegerField(null=True)
     counter = models.IntegerField(default=0)
+    #: JSON that CSV cannot hold (an export's invalid row).
+    data = models.JSONField(null=True)
 
     class Meta:
         app_label = "demo"
