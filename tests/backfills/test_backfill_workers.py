@@ -25,6 +25,7 @@ from feishu_inbox.models import EventJob
 from feishu_inbox.monitoring import ledger_metrics
 from feishu_inbox.tables.backfills import Backfill
 from tests.support import backfill_jobs
+from tests.support.backfill_helpers import rss, start_worker
 from tests.support.backfill_jobs import Row
 from tests.support.processes import wait_for
 from tests.support.worker_helpers import Workers
@@ -46,27 +47,6 @@ def fresh() -> None:
 def backfill(name: str = "test.fill") -> Backfill:
     fresh()
     return Backfill.objects.get(name=name)
-
-
-def rss(pid: int) -> int:
-    """The process's resident memory in bytes (0 once it is gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
-    return int(kb) * 1024
-
-
-def start_worker(workers: Workers, lease: str = "2", **env: str) -> Any:
-    return workers.start(
-        "--concurrency",
-        "1",
-        "--lease-seconds",
-        lease,
-        FEISHU_INBOX_HANDLERS="tests.support.backfill_jobs",
-        **env,
-    )
 
 
 def measure_rate(rows: int) -> float:
