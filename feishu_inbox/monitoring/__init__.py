@@ -6,6 +6,7 @@
   ten Prometheus servers scraping every worker cost one read per few seconds per process;
 - ``serve``: ``/metrics`` (the process's counters and the ledger's gauges) and ``/healthz`` on
   a port of the worker's;
+- ``backfills``: each backfill's progress and stall, and the exports running;
 - ``database``: the server's side, read with those gauges: dead tuples in the ledger's
   tables, the oldest snapshot holding vacuum back, the replication a commit gets;
 - ``views``: ``views.metrics``, the same for the web process, behind staff login, a bearer
