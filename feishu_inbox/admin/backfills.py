@@ -33,6 +33,8 @@ from ..tables.backfills import Backfill, Export
 #: The request whose export page is being rendered (a file's links depend on who looks).
 _viewer = threading.local()
 DOWNLOAD = "feishu_inbox.download_export"
+#: What the actions' messages say was done.
+PAST = {"pause": "paused", "resume": "resumed", "cancel": "cancelled", "run": "run again"}
 OPERATE = "feishu_inbox.operate_backfill"
 
 
@@ -123,7 +125,7 @@ class BackfillAdmin(ReadOnly):
         self.message_user(
             request,
             ngettext("%(n)d backfill %(verb)s.", "%(n)d backfills %(verb)s.", done)
-            % {"n": done, "verb": f"{verb}d" if verb.endswith("e") else f"{verb}ed"},
+            % {"n": done, "verb": PAST.get(verb, f"{verb}d")},
             messages.SUCCESS if done else messages.WARNING,
         )
 
