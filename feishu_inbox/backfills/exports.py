@@ -51,6 +51,8 @@ PREFIX = "export:"
 ATTEMPTS = 1_000_000
 FORMATS = ("csv", "jsonl")
 QUERY_SALT = "feishu_inbox.exports.query"
+#: Rows encoded together (a block with an invalid row is encoded again row by row).
+BLOCK_ROWS = 1000
 #: Skipped rows whose keys are kept on the export.
 KEPT_KEYS = 100
 
@@ -183,29 +185,30 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
     fetched = written = size = 0
     last_key: Any = None
     skipped: list[Any] = []
+    block: list[tuple[Any, list[Any]]] = []
     with parts.spooled() as content:
         size += content.write(encoder.header())
+
+        def flush() -> None:
+            nonlocal size, written
+            data, kept = _encode_block(row, encoder, block, skipped)
+            size += content.write(data)
+            written += kept
+            if size > row.max_part_bytes:
+                raise ExportPartTooLarge(
+                    f"Export {row.uid}: part {n} passed {row.max_part_bytes} bytes by row "
+                    f"{block[-1][0] if block else None!r} ({written} rows)."
+                )
+            block.clear()
+
         values = rows.values_list("pk", *row.columns)[: row.part_rows]
         for key, *rest in values.iterator(chunk_size=row.chunk_size):
             fetched += 1
             last_key = key
-            try:
-                line = encoder.row(rest)
-            except parts.RowInvalid as exc:
-                if row.on_invalid == "skip":
-                    skipped.append(_json_key(key))
-                    continue
-                raise ExportRowInvalid(
-                    f"Export {row.uid}: the row with key {key!r} cannot be written as "
-                    f"{row.format}: {exc}."
-                ) from None
-            size += content.write(line)
-            written += 1
-            if size > row.max_part_bytes:
-                raise ExportPartTooLarge(
-                    f"Export {row.uid}: part {n} passed {row.max_part_bytes} bytes at row "
-                    f"{key!r} ({written} rows)."
-                )
+            block.append((key, rest))
+            if len(block) >= BLOCK_ROWS:
+                flush()
+        flush()
         if fetched == 0 and n > 1:
             return 0
         name = parts.part_name(row.prefix, n, row.format)
@@ -229,6 +232,30 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
         if skipped:
             telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
     return fetched
+
+
+def _encode_block(
+    row: Export, encoder: parts.Encoder, block: list[tuple[Any, list[Any]]], skipped: list[Any]
+) -> tuple[bytes, int]:
+    """The block's bytes and how many rows they hold. A block with an invalid row is encoded
+    again row by row: that row fails the export (its key named) or is skipped."""
+    try:
+        return encoder.block([values for _, values in block]), len(block)
+    except parts.RowInvalid:
+        encoder.reset()
+    chunks = []
+    for key, values in block:
+        try:
+            chunks.append(encoder.block([values]))
+        except parts.RowInvalid as exc:
+            encoder.reset()
+            if row.on_invalid != "skip":
+                raise ExportRowInvalid(
+                    f"Export {row.uid}: the row with key {key!r} cannot be written as "
+                    f"{row.format}: {exc}."
+                ) from None
+            skipped.append(_json_key(key))
+    return b"".join(chunks), len(chunks)
 
 
 def _json_key(value: Any) -> Any:
