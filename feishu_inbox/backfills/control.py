@@ -104,9 +104,13 @@ def check_migration(spec: BackfillSpec) -> None:
 
 
 def estimate(spec: BackfillSpec) -> int | None:
-    """The rows the backfill walks: the planner's estimate on PostgreSQL (no scan of a big
-    table), a count elsewhere."""
-    queryset = spec.queryset()
+    """The rows the backfill walks (``estimate_rows``)."""
+    return estimate_rows(spec.queryset())
+
+
+def estimate_rows(queryset: Any) -> int | None:
+    """The rows of a queryset: the planner's estimate on PostgreSQL (no scan of a big table),
+    a count elsewhere; None when neither can be read."""
     try:
         if connections[queryset.db].vendor == "postgresql":
             plan = json.loads(queryset.explain(format="json"))

@@ -42,6 +42,7 @@ from ..ledger.kinds import JobKind
 from ..runtime import context
 from ..tables.backfills import Export, ExportState
 from . import parts
+from .control import estimate_rows
 from .refusals import ExportError, ExportPartTooLarge, ExportRowInvalid
 
 log = logging.getLogger("feishu_inbox.exports")
@@ -154,8 +155,8 @@ def run(event: context.Event) -> None:
         return
     ctx = context.current()
     queryset = unseal(row)
-    if row.total_estimate is None and row.part_count == 0:
-        Export.objects.filter(pk=row.pk).update(total_estimate=queryset.count())
+    if row.total_estimate is None and row.part_count == 0:  # the admin's "rows of …"
+        Export.objects.filter(pk=row.pk).update(total_estimate=estimate_rows(queryset))
     storage = row.open_storage()
     try:
         while True:
