@@ -169,3 +169,27 @@ def test_a_stuck_batch_is_reported_stalled_within_its_window(
     wait_for(lambda: backfill("test.hang").state == "applied", 60, "the batches to go on")
     assert not backfills.status("test.hang").stalled and stalled_gauge("test.hang") == 0.0
     assert Counter(Row.objects.values_list("counter", flat=True)) == {1: 1000}
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_after_its_batchs_writes_leaves_neither_them_nor_the_cursor(
+    table: Any, workers: Workers, tmp_path: Path
+) -> None:
+    """Invariant 12: the batch's writes and the cursor's move are one commit."""
+    backfill_jobs.fill_table(1000)
+    hold = tmp_path / "hold"
+    hold.touch()  # three batches commit; the fourth writes its 100 rows, then waits
+    worker = start_worker(workers)
+    backfills.start("test.write_then_hang")
+    wait_for((tmp_path / "holding").exists, 30, "the fourth batch to write and hang")
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    killed = backfill("test.write_then_hang")
+    assert (killed.cursor, killed.rows_done, killed.state) == (300, 300, "running")
+    counted = Counter(Row.objects.values_list("counter", flat=True))
+    assert counted == {1: killed.rows_done, 0: 1000 - killed.rows_done}  # its writes: gone
+    hold.unlink()
+    start_worker(workers)
+    wait_for(lambda: backfill("test.write_then_hang").state == "applied", 60, "the rest")
+    assert Counter(Row.objects.values_list("counter", flat=True)) == {1: 1000}
+    assert not Row.objects.exclude(value=F("id") * 2).exists()

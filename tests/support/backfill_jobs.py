@@ -96,6 +96,16 @@ def hang(keys: list[int]) -> None:
     Row.objects.filter(pk__in=keys).update(counter=F("counter") + 1)
 
 
+@feishu_inbox.backfill("test.write_then_hang", Row, batch_size=100, takes="pks")
+def write_then_hang(keys: list[int]) -> None:
+    """Writes its batch, then, from row 301 on, waits while the ``hold`` file exists: a worker
+    killed there dies with the batch's writes made and not committed."""
+    Row.objects.filter(pk__in=keys).update(value=F("id") * 2, counter=F("counter") + 1)
+    while keys[0] > 300 and (_dir() / "hold").exists():
+        (_dir() / "holding").touch()
+        time.sleep(0.05)  # a batch stuck after its writes, by design
+
+
 @feishu_inbox.backfill("test.only_staging", Row, environments=["staging"])
 def only_staging(batch: Any) -> None:
     batch.update(counter=F("counter") + 1)
