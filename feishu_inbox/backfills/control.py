@@ -27,6 +27,7 @@ from .refusals import (
     BackfillEnvironment,
     BackfillError,
     BackfillMigrationPending,
+    BackfillPending,
     BackfillRunning,
     BackfillStalled,
     BackfillUnknown,
@@ -312,8 +313,6 @@ def pending() -> list[tuple[Progress, BackfillError]]:
             continue
         if spec.before is not None and spec.before in applied:
             continue  # the migration that needed it is in: nothing waits on it
-        from .refusals import BackfillPending
-
         needed = f" before {'.'.join(spec.before)}" if spec.before else ""
         found.append((p, BackfillPending(f"Backfill {p.name!r} is {p.state}{needed}.")))
     return found

@@ -154,7 +154,14 @@ def run(event: context.Event) -> None:
     if row is None or row.state != ExportState.RUNNING:
         return
     ctx = context.current()
-    queryset = unseal(row)
+    try:
+        queryset = unseal(row)
+    except Exception as exc:  # signed by another SECRET_KEY, or models changed under it
+        why = f"Export {uid}: its query cannot be read back ({type(exc).__name__}: {exc})."
+        Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+            state=ExportState.FAILED, error=why, finished_at=timezone.now()
+        )
+        raise Concluded("ExportQueryUnreadable", why) from exc
     if row.total_estimate is None and row.part_count == 0:  # the admin's "rows of …"
         Export.objects.filter(pk=row.pk).update(total_estimate=estimate_rows(queryset))
     storage = row.open_storage()

@@ -127,7 +127,8 @@ def run(event: context.Event) -> None:
         raise Concluded(UNDECLARED, f"No backfill named {name!r} is declared in this worker.")
     ctx = context.current()
     rate = spec.batches_rate
-    limit = RateLimit(f"{PREFIX}{name}", rate, burst=BURST) if rate else None
+    template = f"{PREFIX}{name}".replace("{", "{{").replace("}", "}}")  # a key, not fields
+    limit = RateLimit(template, rate, burst=BURST) if rate else None
     while True:
         ctx.ensure_alive()
         row = Backfill.objects.filter(name=name).first()

@@ -223,3 +223,17 @@ def test_retention_removes_old_exports_files_and_rows(table: Any, tmp_path: Path
     assert list(Export.objects.values_list("uid", flat=True)) == [new.uid]
     assert not any((tmp_path / old.prefix).iterdir())
     assert (tmp_path / new.prefix / "manifest.json").exists()
+
+
+def test_a_query_whose_signature_does_not_hold_is_never_unpickled(table: Any) -> None:
+    handle = feishu_inbox.export("x", Row.objects.all(), columns=["id"])
+    sealed = Export.objects.get(uid=handle.uid).query
+    middle = len(sealed) // 2
+    flipped = "A" if sealed[middle] != "A" else "B"
+    tampered = sealed[:middle] + flipped + sealed[middle + 1 :]
+    Export.objects.filter(uid=handle.uid).update(query=tampered)
+    burst()
+    failed = Export.objects.get(uid=handle.uid)
+    assert failed.state == "failed" and "BadSignature" in failed.error
+    job = EventJob.objects.get(pk=handle.job_id)
+    assert (job.status, job.error_type) == ("completed", "ExportQueryUnreadable")
