@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from django.core.files.storage import FileSystemStorage
-from django.db import connection
 
 import feishu_inbox
 from feishu_inbox.tables.backfills import Export
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def export_row(uid: str) -> Export:
-    connection.close()  # a fresh snapshot of what the worker committed
+    """The row as the worker committed it (the test's connection reads in autocommit)."""
     return Export.objects.get(uid=uid)
 
 
