@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, router, transaction
-from django.db.models import F
+from django.db.models import Count, F, Max, Min
 from django.utils import timezone
 
 from .. import telemetry
@@ -80,7 +80,7 @@ def run_batch(spec: BackfillSpec, row: Backfill) -> Batch:
             return Batch(0, stopped=True)
         if row.cursor is not None:
             queryset = queryset.filter(pk__gt=cursor_value(spec, row.cursor))
-        keys = list(queryset.order_by("pk").values_list("pk", flat=True)[: spec.batch_size])
+        keys = _window(spec, queryset)
         if not keys:
             Backfill.objects.filter(pk=row.pk).update(
                 state=BackfillState.APPLIED, finished_at=now, batch_started_at=None
@@ -110,13 +110,44 @@ def run_batch(spec: BackfillSpec, row: Backfill) -> Batch:
     return Batch(len(keys))
 
 
+class Window(list[Any]):
+    """A batch's first and last key and its size, without its keys in between (what a
+    queryset batch needs: its range), read as one row; ``len`` is the batch's rows."""
+
+    def __init__(self, rows: int, first: Any, last: Any) -> None:
+        super().__init__([first, last] if rows else [])
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def _window(spec: BackfillSpec, queryset: Any) -> list[Any]:
+    """The next batch after the cursor, by primary key: its keys (``takes="pks"``/``"rows"``),
+    or, for a queryset batch, its size and first and last key from one aggregate over the
+    window (``SELECT count, min, max FROM (… ORDER BY pk LIMIT n)``): the keys themselves
+    would be fetched and turned into Python objects for nothing."""
+    window = queryset.order_by("pk")
+    if spec.takes != "queryset":
+        return list(window.values_list("pk", flat=True)[: spec.batch_size])
+    found = window.values("pk")[: spec.batch_size].aggregate(
+        rows=Count("pk"), first=Min("pk"), last=Max("pk")
+    )
+    return Window(found["rows"], found["first"], found["last"])
+
+
 def _work(spec: BackfillSpec, queryset: Any, keys: list[Any]) -> None:
+    """The declared function on the batch: its keys, its rows, or (the default) the source
+    queryset over the keys' range (``pk BETWEEN first AND last``: a range scan, where a list
+    of a thousand keys is a thousand probes; the source's own filters keep out what is not
+    its). Rows another transaction inserted into the range since the keys were read are in
+    it too: they are below the cursor, so they are done once, by this batch."""
     if spec.takes == "pks":
         spec.work(keys)
     elif spec.takes == "rows":
         spec.work(list(queryset.model._default_manager.filter(pk__in=keys).order_by("pk")))
     else:
-        spec.work(queryset.model._default_manager.filter(pk__in=keys))
+        spec.work(spec.queryset().filter(pk__gte=keys[0], pk__lte=keys[-1]))
 
 
 def run(event: context.Event) -> None:
