@@ -172,9 +172,10 @@ def run(event: context.Event) -> None:
         except Exception as exc:
             _failed(row, exc)
             raise Concluded(FAILED, f"Backfill {name!r}: its batch raised {exc!r}.") from exc
-        if batch.stopped or batch.rows == 0:
-            if not batch.stopped:
-                log.info("backfill %s applied (run %s)", name, run_number)
+        if batch.stopped:  # paused, cancelled, run again, or a batch landed meanwhile (a
+            continue  # zombie's): the loop's next read of the row says which
+        if batch.rows == 0:
+            log.info("backfill %s applied (run %s)", name, run_number)
             return
 
 

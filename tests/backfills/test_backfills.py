@@ -238,3 +238,28 @@ def test_the_gate_lists_what_is_pending_and_exits_1_until_it_is_applied(
     assert '"rows_done": 10' in capsys.readouterr().out
     with pytest.raises(CommandError, match=r"\[backfill_applied\]"):
         call_command("inbox", "backfills", "start", "test.fill")
+
+
+def test_a_batch_that_lands_under_the_running_job_does_not_end_it(
+    table: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie's batch moved the cursor between the job's read of the row and its batch:
+    the job's compare-and-set fails, and it goes on from the new cursor instead of ending
+    with the backfill still running and no job to run it."""
+    backfill_jobs.fill_table(1500)
+    backfills.start("test.fill")
+    spec = backfills.get("test.fill")
+    assert spec is not None
+    real = running.run_batch
+    zombie_done = []
+
+    def with_a_zombie(spec: Any, row: Backfill) -> running.Batch:
+        if not zombie_done:
+            zombie_done.append(real(spec, row_of("test.fill")))  # lands first, same cursor
+        return real(spec, row)
+
+    monkeypatch.setattr(running, "run_batch", with_a_zombie)
+    burst()
+    assert zombie_done[0].rows == 500
+    assert counters() == {1: 1500}
+    assert row_of("test.fill").state == "applied"
