@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import logging
 import pickle
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,8 @@ PREFIX = "export:"
 ATTEMPTS = 1_000_000
 FORMATS = ("csv", "jsonl")
 QUERY_SALT = "feishu_inbox.exports.query"
+#: An export's name: a folder of its storage, so no '/', and no '..' to climb out of it.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 #: Rows encoded together (a block with an invalid row is encoded again row by row).
 BLOCK_ROWS = 1000
 #: Skipped rows whose keys are kept on the export.
@@ -94,8 +97,11 @@ def export(
 ) -> ExportHandle:
     """Enqueue an export of ``queryset``'s rows (see the module); returns its handle."""
     problems = []
-    if not isinstance(name, str) or not 0 < len(name) <= 200 or "/" in name:
-        problems.append(f"name must be 1 to 200 characters without '/' (got {name!r:.80})")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        problems.append(
+            "name must be 1 to 200 letters, digits, '.', '-' or '_', starting with a letter "
+            f"or digit: it names a folder of the storage (got {name!r:.80})"
+        )
     if not isinstance(queryset, QuerySet):
         problems.append(f"queryset must be a QuerySet (got {type(queryset).__name__})")
     if not columns or not all(isinstance(c, str) and c for c in columns):

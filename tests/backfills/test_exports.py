@@ -166,6 +166,9 @@ def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_c
         feishu_inbox.export("a/b", Row.objects.all(), columns=[], format="xml", part_rows=0)
     text = str(caught.value)
     assert all(word in text for word in ("name", "columns", "format", "part_rows"))
+    for bad in ("..", "../up", ".hidden", "a" * 201):
+        with pytest.raises(LedgerError, match="names a folder"):
+            feishu_inbox.export(bad, Row.objects.all(), columns=["id"])
     with pytest.raises(LedgerError, match="columns do not fit"):
         feishu_inbox.export("x", Row.objects.all(), columns=["no_such_field"])
     with pytest.raises(RuntimeError), transaction.atomic():
