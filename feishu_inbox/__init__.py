@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .backfills import backfill, export
 from .errors import (
     Cancelled,
     ChildFailed,
@@ -73,6 +74,7 @@ __all__ = [
     "WaitTimedOut",
     "WorkflowRefused",
     "ask",
+    "backfill",
     "batch",
     "card_callback",
     "chain",
@@ -80,6 +82,7 @@ __all__ = [
     "client",
     "effect",
     "event_keys",
+    "export",
     "handler",
     "job",
     "on_finish",

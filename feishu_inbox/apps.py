@@ -15,6 +15,8 @@ class FeishuInboxConfig(AppConfig):
             checks,  # noqa: F401  (registers the system checks)
             store,  # noqa: F401  (prepares each new database connection)
         )
+        from .backfills.exports import EXPORT_KIND
+        from .backfills.running import BACKFILL_KIND
         from .conf import inbox_settings
         from .feishu.turns import REACTION_KIND
         from .ledger import kinds
@@ -28,6 +30,8 @@ class FeishuInboxConfig(AppConfig):
             TASK_KIND,
             WEBHOOK_KIND,
             REACTION_KIND,
+            BACKFILL_KIND,
+            EXPORT_KIND,
         ):
             kinds.register(kind)
         from .workflows import ready as workflows_ready

@@ -162,6 +162,22 @@ class InboxSettings:
     #: The event types the site publishes; when set, ``publish`` and ``add_endpoint`` refuse
     #: any other (``webhook_event_unknown``). Empty: any type of 1 to 128 characters.
     WEBHOOK_EVENT_TYPES: tuple[str, ...] | list[str] = ()
+    #: Backfills and exports (docs/backfills.md, docs/exports.md). The environment these
+    #: settings are for ("production", "staging"…; "" unmarked): a backfill is refused
+    #: (``backfill_environment``) when its declaration names other environments, or when it
+    #: was started in this database under another one.
+    ENVIRONMENT: str = ""
+    #: A running backfill with no batch committed for this long is stalled (its declaration
+    #: may say otherwise).
+    BACKFILL_STALL_SECONDS: float = 600.0
+    #: A part of an export bigger than this fails the export (``export_part_too_large``).
+    EXPORT_MAX_PART_BYTES: int = 1024**3
+    #: Exports finished longer ago than this are removed, files and rows, by the workers.
+    EXPORT_RETENTION: timedelta = timedelta(days=7)
+    #: The folder of the storage exports are written under.
+    EXPORT_PREFIX: str = "feishu_inbox/exports"
+    #: How long an export's download link (in admin) works.
+    EXPORT_LINK_SECONDS: float = 3600.0
 
     def validate(self) -> list[str]:
         """Every problem with these values, as sentences (empty when valid)."""
@@ -290,6 +306,7 @@ class InboxSettings:
             )
         problems += metrics_allow_problems(self.METRICS_ALLOW)
         problems += webhook_problems(self)
+        problems += backfill_problems(self)
         return problems
 
 
@@ -376,6 +393,7 @@ _DURATIONS = (
     "SIGNAL_KEEP",
     "WEBHOOK_DISABLE_AFTER",
     "WEBHOOK_ROTATION_GRACE",
+    "EXPORT_RETENTION",
 )
 
 
@@ -457,4 +475,23 @@ def webhook_problems(conf: InboxSettings) -> list[str]:
         problems.append(
             f"WEBHOOK_ALLOW_PRIVATE must be True or False (got {conf.WEBHOOK_ALLOW_PRIVATE!r})."
         )
+    return problems
+
+
+def backfill_problems(conf: InboxSettings) -> list[str]:
+    """What is wrong with the backfills' and exports' settings, as sentences."""
+    problems = []
+    if not isinstance(conf.ENVIRONMENT, str) or len(conf.ENVIRONMENT) > 64:
+        problems.append(
+            f"ENVIRONMENT must be a name of at most 64 characters (got {conf.ENVIRONMENT!r})."
+        )
+    for name in ("BACKFILL_STALL_SECONDS", "EXPORT_LINK_SECONDS", "EXPORT_MAX_PART_BYTES"):
+        value = getattr(conf, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            problems.append(f"{name} must be a positive number (got {value!r}).")
+    retention = conf.EXPORT_RETENTION
+    if not isinstance(retention, timedelta) or retention.total_seconds() <= 0:
+        problems.append(f"EXPORT_RETENTION must be a positive duration (got {retention!r}).")
+    if not isinstance(conf.EXPORT_PREFIX, str) or not conf.EXPORT_PREFIX.strip("/"):
+        problems.append(f"EXPORT_PREFIX must be a folder name (got {conf.EXPORT_PREFIX!r}).")
     return problems

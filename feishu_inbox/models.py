@@ -546,6 +546,7 @@ class WorkerBeat(models.Model):
 
 
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
+from .tables import backfills as backfills  # noqa: E402  (Backfill, Export: SPEC §9i)
 from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)
 from .tables import tenants as tenants  # noqa: E402  (AppCredential: SPEC §9j)
 from .tables import turns as turns  # noqa: E402  (TurnCleanup: SPEC §9g)

@@ -207,6 +207,14 @@ WEBHOOK_SECONDS = _histogram(
     DURATION_BUCKETS,
 )
 #: reason: gone (410), failing (every attempt failed for WEBHOOK_DISABLE_AFTER), operator.
+BACKFILL_ROWS = _counter(
+    "feishu_inbox_backfill_rows", "Rows backfilled in committed batches.", ("backfill",)
+)
+BACKFILL_BATCHES = _counter(
+    "feishu_inbox_backfill_batches", "Backfill batches committed.", ("backfill",)
+)
+EXPORT_ROWS = _counter("feishu_inbox_export_rows", "Rows written into export parts.", ("result",))
+EXPORT_PARTS = _counter("feishu_inbox_export_parts", "Export parts written to their storage.")
 WEBHOOK_DISABLED = _counter(
     "feishu_inbox_webhook_endpoints_disabled",
     "Outbound webhook endpoints disabled, by reason.",

@@ -8,7 +8,8 @@ confirmation page (Django's two-step ``delete_selected`` pattern).
 One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard), ``schedules``,
 ``pauses`` (what is paused), ``workers`` (every worker's heartbeat row), ``batches`` (the
 workflows: batches, parents' waits for children, chains) and ``webhooks`` (outbound webhook
-endpoints, messages and their attempts); ``actions`` (the
+endpoints, messages and their attempts), ``backfills`` (backfills' progress and actions,
+exports with their download links); ``actions`` (the
 operator actions on jobs), ``filters``, ``dashboard`` (its figures) and ``common`` (what the
 pages share) serve them. Registered here.
 """
@@ -18,8 +19,10 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ..models import EventJob, Pause, Schedule, WorkerBeat
+from ..tables.backfills import Backfill, Export
 from ..tables.batches import Batch
 from ..tables.webhooks import WebhookEndpoint, WebhookMessage
+from .backfills import BackfillAdmin, ExportAdmin
 from .batches import BatchAdmin
 from .jobs import EventJobAdmin
 from .pauses import PauseAdmin
@@ -34,10 +37,14 @@ admin.site.register(WorkerBeat, WorkerBeatAdmin)
 admin.site.register(Batch, BatchAdmin)
 admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
 admin.site.register(WebhookMessage, WebhookMessageAdmin)
+admin.site.register(Backfill, BackfillAdmin)
+admin.site.register(Export, ExportAdmin)
 
 __all__ = [
+    "BackfillAdmin",
     "BatchAdmin",
     "EventJobAdmin",
+    "ExportAdmin",
     "PauseAdmin",
     "ScheduleAdmin",
     "WebhookEndpointAdmin",

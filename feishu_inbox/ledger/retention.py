@@ -38,6 +38,8 @@ class PurgeResult:
     webhook_messages_deleted: int = 0
     #: Workflows' batches that fired more than the retention ago (SPEC §9f).
     batches_deleted: int = 0
+    #: Exports finished more than EXPORT_RETENTION ago: their files, then their rows (§9i).
+    exports_deleted: int = 0
 
     def __str__(self) -> str:
         return (
@@ -46,7 +48,8 @@ class PurgeResult:
             f"removed {self.partitions_deleted} idle chats with no job left; "
             f"dropped {self.signals_deleted} kept signals no job waited for; "
             f"deleted {self.webhook_messages_deleted} webhook messages past retention; "
-            f"deleted {self.batches_deleted} fired batches past retention"
+            f"deleted {self.batches_deleted} fired batches past retention; "
+            f"removed {self.exports_deleted} exports past retention"
         )
 
 
@@ -82,6 +85,11 @@ def purge(*, max_batches: int | None = None, by: str = "manage.py inbox purge") 
         batches_deleted=_in_batches(
             lambda: purge_fired_batches(retention, batch), batch, max_batches
         ),
+        exports_deleted=_in_batches(
+            lambda: purge_exports(conf.EXPORT_RETENTION.total_seconds(), batch),
+            batch,
+            max_batches,
+        ),
     )
 
 
@@ -102,6 +110,32 @@ def purge_fired_batches(retention_seconds: float, batch: int) -> int:
         .values_list("id", flat=True)[:batch]
     )
     return Batch.objects.filter(id__in=old).delete()[0] if old else 0
+
+
+def purge_exports(retention_seconds: float, batch: int) -> int:
+    """One batch of exports finished more than ``retention_seconds`` ago: their files (parts
+    and manifest) are deleted from their storage, then their rows. An export whose files
+    cannot be deleted (its storage is away) is kept, and tried again next time."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ..tables.backfills import Export
+
+    before = timezone.now() - timedelta(seconds=retention_seconds)
+    removed = 0
+    for export in Export.objects.filter(finished_at__lt=before).order_by("finished_at")[:batch]:
+        try:
+            storage = export.open_storage()
+            for name in export.file_names():
+                if storage.exists(name):
+                    storage.delete(name)
+        except Exception:
+            log.exception("export %s: its files could not be deleted; it is kept", export.uid)
+            continue
+        Export.objects.filter(pk=export.pk).delete()
+        removed += 1
+    return removed
 
 
 #: The ledger's app of outbound webhook deliveries (``webhooks/publishing.py``).

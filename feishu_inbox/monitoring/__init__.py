@@ -6,6 +6,7 @@
   ten Prometheus servers scraping every worker cost one read per few seconds per process;
 - ``serve``: ``/metrics`` (the process's counters and the ledger's gauges) and ``/healthz`` on
   a port of the worker's;
+- ``backfills``: each backfill's progress and stall, and the exports running;
 - ``database``: the server's side, read with those gauges: dead tuples in the ledger's
   tables, the oldest snapshot holding vacuum back, the replication a commit gets;
 - ``views``: ``views.metrics``, the same for the web process, behind staff login, a bearer
@@ -196,9 +197,10 @@ def _ledger_families() -> list[Any]:
             upcoming.add_metric([name], following.timestamp() if following else 0.0)
         families += [last, upcoming]
     families.append(_tenant_family())
+    from .backfills import backfill_families
     from .database import database_families
 
-    return families + database_families()
+    return families + backfill_families() + database_families()
 
 
 def _tenant_family() -> Any:

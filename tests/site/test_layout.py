@@ -30,6 +30,7 @@ LAYERS = {
     "webhooks": 4,
     "monitoring": 4,
     "workflows": 4,
+    "backfills": 4,
     "admin": 5,
     "management": 5,
     "templatetags": 5,
@@ -54,6 +55,7 @@ WIRING = {"__init__", "apps", "checks", "urls"}
 SIDEWAYS = {
     ("schedules", "tasks"),  # a schedule may run a django.tasks task
     ("monitoring", "schedules"),  # the schedules' next and last occurrence are metrics
+    ("monitoring", "backfills"),  # a backfill's progress and stall are metrics
     ("workflows", "tasks"),  # a workflow's job may be a django.tasks task
 }
 

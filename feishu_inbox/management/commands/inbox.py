@@ -23,8 +23,8 @@ from feishu_inbox.ledger.operators import Outcome
 from feishu_inbox.ledger.payloads import without_secrets
 from feishu_inbox.ledger.retention import purge
 from feishu_inbox.ledger.stats import stats as read_stats
+from feishu_inbox.management.backfills import BackfillCommands
 from feishu_inbox.management.operator import common_options, positive_int
-from feishu_inbox.management.webhooks import WebhookCommands
 from feishu_inbox.management.workflow_view import tree_lines, workflow_as_dict
 from feishu_inbox.models import (
     LARGEST_JOB_ID,
@@ -130,7 +130,7 @@ def job_id(value: str) -> int:
     return number
 
 
-class Command(WebhookCommands):
+class Command(BackfillCommands):
     help = "Inspect and operate the Feishu event ledger."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -240,6 +240,7 @@ class Command(WebhookCommands):
         listed.add_argument("--json", action="store_true")
         self._add_schedule_arguments(sub)
         self._add_webhook_arguments(sub)
+        self._add_backfill_arguments(sub)
         sub.add_parser("demo-data", help="Fill the ledger with example events in every state.")
         common_options(sub.choices.values())
 

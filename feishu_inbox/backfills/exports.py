@@ -1,0 +1,304 @@
+"""Exports (SPEC §9i): a queryset's rows streamed into numbered parts and a manifest.
+
+    with transaction.atomic():
+        handle = feishu_inbox.export(
+            "orders-2026",
+            Order.objects.filter(created_at__year=2026),
+            columns=["id", "customer__name", "total", "created_at"],
+            format="csv",             # or "jsonl"
+            part_rows=100_000,
+            storage="exports",        # an alias of settings.STORAGES, a Storage, or None
+        )
+
+The export is a job (in the caller's transaction: no commit, no export). Its worker reads the
+rows by primary key after a cursor (``iterator(chunk_size=…)``: bounded memory), one part at a
+time: part n holds the ``part_rows`` rows after part n-1's last key, written to a temporary file
+and saved under its fixed name; the part and the cursor are then recorded in one commit. A
+worker killed mid-part leaves the cursor where it was, and the next attempt writes that part
+again under the same name. The manifest is written last. A row that cannot be written fails
+the export (``export_row_invalid``, with its key) or, with ``on_invalid="skip"``, is counted
+and its key kept; a part bigger than ``max_part_bytes`` fails it (``export_part_too_large``).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pickle
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from django.core import signing
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from .. import telemetry
+from ..conf import checked_settings
+from ..errors import Concluded, LedgerError
+from ..ledger import rules as ledger
+from ..ledger.kinds import JobKind
+from ..runtime import context
+from ..tables.backfills import Export, ExportState
+from . import parts
+from .control import estimate_rows
+from .refusals import ExportError, ExportPartTooLarge, ExportRowInvalid
+
+log = logging.getLogger("feishu_inbox.exports")
+
+APP = "exports"
+PREFIX = "export:"
+ATTEMPTS = 1_000_000
+FORMATS = ("csv", "jsonl")
+QUERY_SALT = "feishu_inbox.exports.query"
+#: An export's name: a folder of its storage, so no '/', and no '..' to climb out of it.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+#: Rows encoded together (a block with an invalid row is encoded again row by row).
+BLOCK_ROWS = 1000
+#: Skipped rows whose keys are kept on the export.
+KEPT_KEYS = 100
+
+
+@dataclass(frozen=True)
+class ExportHandle:
+    """An export enqueued: its id (``exp_…``), its job, and the folder it writes to."""
+
+    uid: str
+    job_id: int
+    prefix: str
+
+
+def seal(queryset: QuerySet[Any]) -> str:
+    raw = base64.b64encode(pickle.dumps(queryset.query)).decode()
+    return signing.Signer(salt=QUERY_SALT).sign(raw)
+
+
+def unseal(export: Export) -> QuerySet[Any]:
+    raw = signing.Signer(salt=QUERY_SALT).unsign(export.query)
+    query = pickle.loads(base64.b64decode(raw))  # noqa: S301  (signed by this site)
+    queryset = query.model._default_manager.all()
+    queryset.query = query
+    return queryset
+
+
+def export(
+    name: str,
+    queryset: QuerySet[Any],
+    *,
+    columns: list[str] | tuple[str, ...],
+    format: str = "csv",
+    part_rows: int = 100_000,
+    storage: Any = None,
+    on_invalid: str = "fail",
+    chunk_size: int = 2000,
+    max_part_bytes: int | None = None,
+) -> ExportHandle:
+    """Enqueue an export of ``queryset``'s rows (see the module); returns its handle."""
+    problems = []
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        problems.append(
+            "name must be 1 to 200 letters, digits, '.', '-' or '_', starting with a letter "
+            f"or digit: it names a folder of the storage (got {name!r:.80})"
+        )
+    if not isinstance(queryset, QuerySet):
+        problems.append(f"queryset must be a QuerySet (got {type(queryset).__name__})")
+    if not columns or not all(isinstance(c, str) and c for c in columns):
+        problems.append("columns must be a list of field names (lookups like 'customer__name')")
+    if format not in FORMATS:
+        problems.append(f"format must be csv or jsonl (got {format!r})")
+    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
+        problems.append(f"part_rows must be a whole number >= 1 (got {part_rows!r})")
+    if on_invalid not in ("fail", "skip"):
+        problems.append(f"on_invalid must be 'fail' or 'skip' (got {on_invalid!r})")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        problems.append(f"chunk_size must be a whole number >= 1 (got {chunk_size!r})")
+    if problems:
+        raise LedgerError("export was refused: " + "; ".join(problems) + ".")
+    try:
+        queryset.values_list("pk", *columns).query.get_compiler(queryset.db).as_sql()
+    except Exception as exc:
+        raise LedgerError(
+            f"export was refused: its columns do not fit the query ({exc})."
+        ) from None
+    conf = checked_settings()
+    uid = f"exp_{secrets.token_hex(8)}"
+    prefix = f"{conf.EXPORT_PREFIX.strip('/')}/{name}/{uid}/"
+    with transaction.atomic():
+        row = Export.objects.create(
+            uid=uid,
+            name=name,
+            state=ExportState.RUNNING,
+            format=format,
+            columns=list(columns),
+            query=seal(queryset),
+            storage=parts.storage_spec(storage),
+            prefix=prefix,
+            part_rows=part_rows,
+            chunk_size=chunk_size,
+            max_part_bytes=max_part_bytes or conf.EXPORT_MAX_PART_BYTES,
+            on_invalid=on_invalid,
+            created_at=timezone.now(),
+        )
+        job_id = ledger.enqueue(
+            event_id=f"{PREFIX}{uid}",
+            event_type=f"{PREFIX}{name}",
+            partition_key=f"{PREFIX}{uid}",
+            payload={"export": uid},
+            app=APP,
+            max_attempts=ATTEMPTS,
+        ).job_id
+        Export.objects.filter(pk=row.pk).update(job_id=job_id)
+    return ExportHandle(uid, job_id, prefix)
+
+
+def run(event: context.Event) -> None:
+    """Write the job's export, part after part, then its manifest (see the module)."""
+    uid = event.payload["export"]
+    row = Export.objects.filter(uid=uid).first()
+    if row is None or row.state != ExportState.RUNNING:
+        return
+    ctx = context.current()
+    try:
+        queryset = unseal(row)
+    except Exception as exc:  # signed by another SECRET_KEY, or models changed under it
+        why = f"Export {uid}: its query cannot be read back ({type(exc).__name__}: {exc})."
+        Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+            state=ExportState.FAILED, error=why, finished_at=timezone.now()
+        )
+        raise Concluded("ExportQueryUnreadable", why) from exc
+    if row.total_estimate is None and row.part_count == 0:  # the admin's "rows of …"
+        Export.objects.filter(pk=row.pk).update(total_estimate=estimate_rows(queryset))
+    storage = row.open_storage()
+    try:
+        while True:
+            ctx.ensure_alive()
+            fetched = write_part(row, queryset, storage)
+            row.refresh_from_db()
+            if row.state != ExportState.RUNNING:
+                return
+            if fetched < row.part_rows:
+                break
+        finish(row, storage)
+    except ExportError as exc:
+        Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+            state=ExportState.FAILED, error=exc.described(), finished_at=timezone.now()
+        )
+        raise Concluded(type(exc).__name__, exc.described()) from exc
+
+
+def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
+    """Write part ``part_count + 1``; returns the rows it read (fewer than ``part_rows``: the
+    last part). A part of no rows is written only when the export has none at all."""
+    n = row.part_count + 1
+    rows = queryset.order_by("pk")
+    if row.cursor is not None:
+        rows = rows.filter(pk__gt=queryset.model._meta.pk.to_python(row.cursor))
+    encoder = parts.Encoder(row.format, row.columns)
+    fetched = written = size = 0
+    last_key: Any = None
+    skipped: list[Any] = []
+    block: list[tuple[Any, list[Any]]] = []
+    with parts.spooled() as content:
+        size += content.write(encoder.header())
+
+        def flush() -> None:
+            nonlocal size, written
+            data, kept = _encode_block(row, encoder, block, skipped)
+            size += content.write(data)
+            written += kept
+            if size > row.max_part_bytes:
+                raise ExportPartTooLarge(
+                    f"Export {row.uid}: part {n} passed {row.max_part_bytes} bytes by row "
+                    f"{block[-1][0] if block else None!r} ({written} rows)."
+                )
+            block.clear()
+
+        values = rows.values_list("pk", *row.columns)[: row.part_rows]
+        for key, *rest in values.iterator(chunk_size=row.chunk_size):
+            fetched += 1
+            last_key = key
+            block.append((key, rest))
+            if len(block) >= BLOCK_ROWS:
+                flush()
+        flush()
+        if fetched == 0 and n > 1:
+            return 0
+        name = parts.part_name(row.prefix, n, row.format)
+        parts.save(storage, name, content)
+        sha = parts.digest(content)
+    part = {"n": n, "name": name, "rows": written, "bytes": size, "sha256": sha}
+    with transaction.atomic():
+        moved = Export.objects.filter(
+            pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING
+        ).update(
+            parts=[*row.parts, part],
+            part_count=n,
+            cursor=row.cursor if last_key is None else _json_key(last_key),
+            rows_done=F("rows_done") + written,
+            skipped=F("skipped") + len(skipped),
+            skipped_keys=(row.skipped_keys + skipped)[:KEPT_KEYS],
+        )
+    if moved:
+        telemetry.EXPORT_PARTS.inc()
+        telemetry.EXPORT_ROWS.labels("written").inc(written)
+        if skipped:
+            telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
+    return fetched
+
+
+def _encode_block(
+    row: Export, encoder: parts.Encoder, block: list[tuple[Any, list[Any]]], skipped: list[Any]
+) -> tuple[bytes, int]:
+    """The block's bytes and how many rows they hold. A block with an invalid row is encoded
+    again row by row: that row fails the export (its key named) or is skipped."""
+    try:
+        return encoder.block([values for _, values in block]), len(block)
+    except parts.RowInvalid:
+        encoder.reset()
+    chunks = []
+    for key, values in block:
+        try:
+            chunks.append(encoder.block([values]))
+        except parts.RowInvalid as exc:
+            encoder.reset()
+            if row.on_invalid != "skip":
+                raise ExportRowInvalid(
+                    f"Export {row.uid}: the row with key {key!r} cannot be written as "
+                    f"{row.format}: {exc}."
+                ) from None
+            skipped.append(_json_key(key))
+    return b"".join(chunks), len(chunks)
+
+
+def _json_key(value: Any) -> Any:
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else str(value)
+
+
+def manifest_of(row: Export) -> dict[str, Any]:
+    return {
+        "export": row.uid,
+        "name": row.name,
+        "format": row.format,
+        "columns": row.columns,
+        "rows": row.rows_done,
+        "skipped": row.skipped,
+        "skipped_keys": row.skipped_keys,
+        "parts": [{k: p[k] for k in ("name", "rows", "bytes", "sha256")} for p in row.parts],
+        "created_at": row.created_at,
+    }
+
+
+def finish(row: Export, storage: Any) -> None:
+    """The manifest, last; then the export is completed."""
+    name = parts.manifest_name(row.prefix)
+    parts.save_manifest(storage, name, manifest_of(row))
+    Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+        state=ExportState.COMPLETED, manifest=name, finished_at=timezone.now()
+    )
+    log.info("export %s completed: %s rows in %s parts", row.uid, row.rows_done, row.part_count)
+
+
+#: Exports, as a kind of job (registered in ``AppConfig.ready``).
+EXPORT_KIND = JobKind("export", "exports", PREFIX, run=run, can_wait=False)

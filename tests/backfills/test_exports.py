@@ -1,0 +1,242 @@
+"""Exports in one process (SPEC §9i): numbered parts under names fixed in advance, a manifest
+last that lists each with its rows, bytes and checksum; rows read back equal the queryset;
+an invalid row fails the export or is skipped by policy; a part too large fails it; admin's
+download links are signed, expire, and need the permission; retention removes old exports.
+Kills mid-part and memory on real workers are in ``test_export_workers.py``."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.files.storage import FileSystemStorage
+from django.core.management import call_command
+from django.db import transaction
+from django.test import Client, override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+import feishu_inbox
+from feishu_inbox.backfills import parts
+from feishu_inbox.errors import LedgerError
+from feishu_inbox.models import EventJob
+from feishu_inbox.tables.backfills import Export
+from tests.support import backfill_jobs
+from tests.support.backfill_jobs import Row
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst() -> None:
+    call_command("runworker", "--burst", "--concurrency", "1", "-v", "0")
+
+
+def read_parts(root: Path, export: Export) -> list[list[str]]:
+    """Every data row of every part, as text, in part order (CSV: the header checked)."""
+    rows: list[list[str]] = []
+    for part in export.parts:
+        text = (root / part["name"]).read_text(encoding="utf-8")
+        if export.format == "csv":
+            found = list(csv.reader(io.StringIO(text)))
+            assert found[0] == export.columns
+            rows += found[1:]
+        else:
+            rows += [[str(v) for v in json.loads(line).values()] for line in text.splitlines()]
+    return rows
+
+
+def manifest(root: Path, export: Export) -> dict[str, Any]:
+    return json.loads((root / export.manifest).read_text())  # type: ignore[no-any-return]
+
+
+def test_an_export_writes_numbered_parts_and_a_manifest_last(table: Any, tmp_path: Path) -> None:
+    backfill_jobs.fill_table(2345)
+    storage = FileSystemStorage(location=tmp_path)
+    with transaction.atomic():
+        handle = feishu_inbox.export(
+            "rows", Row.objects.all(), columns=["id", "label"], part_rows=1000, storage=storage
+        )
+    burst()
+    done = Export.objects.get(uid=handle.uid)
+    assert (done.state, done.rows_done, done.part_count) == ("completed", 2345, 3)
+    names = [p["name"] for p in done.parts]
+    assert names == [f"{handle.prefix}part-0000{n}.csv" for n in (1, 2, 3)]
+    assert handle.prefix.startswith("feishu_inbox/exports/rows/exp_")
+    assert read_parts(tmp_path, done) == [[str(i), f"row {i}"] for i in range(1, 2346)]
+    found = manifest(tmp_path, done)
+    assert found["rows"] == 2345 and [p["rows"] for p in found["parts"]] == [1000, 1000, 345]
+    for part in found["parts"]:
+        body = (tmp_path / part["name"]).read_bytes()
+        assert (len(body), hashlib.sha256(body).hexdigest()) == (part["bytes"], part["sha256"])
+    assert sorted(p.name for p in (tmp_path / handle.prefix).iterdir()) == [
+        "manifest.json",
+        "part-00001.csv",
+        "part-00002.csv",
+        "part-00003.csv",
+    ]
+    assert EventJob.objects.get(pk=handle.job_id).status == "completed"
+
+
+def test_jsonl_of_a_filtered_queryset_and_an_empty_one(table: Any, tmp_path: Path) -> None:
+    backfill_jobs.fill_table(300)
+    Row.objects.filter(pk__lte=10).update(data={"tags": ["a", "b"]})
+    storage = FileSystemStorage(location=tmp_path)
+    wanted = Row.objects.filter(pk__lte=150, pk__gt=3)
+    handle = feishu_inbox.export(
+        "some", wanted, columns=["id", "data"], format="jsonl", part_rows=50, storage=storage
+    )
+    empty = feishu_inbox.export(
+        "none", Row.objects.filter(pk__lt=0), columns=["id"], storage=storage
+    )
+    burst()
+    done = Export.objects.get(uid=handle.uid)
+    lines = [
+        json.loads(line)
+        for p in done.parts
+        for line in (tmp_path / p["name"]).read_text().splitlines()
+    ]
+    assert [r["id"] for r in lines] == list(range(4, 151))
+    assert lines[0] == {"id": 4, "data": {"tags": ["a", "b"]}} and lines[-1]["data"] is None
+    assert done.part_count == 3 and done.parts[-1]["name"].endswith("part-00003.jsonl")
+    nothing = Export.objects.get(uid=empty.uid)
+    assert (nothing.state, nothing.rows_done, nothing.part_count) == ("completed", 0, 1)
+    assert manifest(tmp_path, nothing)["rows"] == 0
+
+
+def test_an_invalid_row_fails_the_export_with_its_key_or_is_skipped(
+    table: Any, tmp_path: Path
+) -> None:
+    backfill_jobs.fill_table(100)
+    Row.objects.filter(pk__in=[37, 80]).update(data={"not": "csv"})
+    storage = FileSystemStorage(location=tmp_path)
+    failing = feishu_inbox.export(
+        "strict", Row.objects.all(), columns=["id", "data"], part_rows=30, storage=storage
+    )
+    skipping = feishu_inbox.export(
+        "lenient",
+        Row.objects.all(),
+        columns=["id", "data"],
+        part_rows=30,
+        storage=storage,
+        on_invalid="skip",
+    )
+    burst()
+    failed = Export.objects.get(uid=failing.uid)
+    assert failed.state == "failed" and failed.manifest == ""
+    assert failed.error.startswith("[export_row_invalid]") and "key 37" in failed.error
+    assert failed.part_count == 1  # the first part was written; no manifest says it is whole
+    assert not (tmp_path / failing.prefix / "manifest.json").exists()
+    job = EventJob.objects.get(pk=failing.job_id)
+    assert (job.status, job.error_type) == ("completed", "ExportRowInvalid")
+    skipped = Export.objects.get(uid=skipping.uid)
+    assert (skipped.state, skipped.rows_done, skipped.skipped) == ("completed", 98, 2)
+    assert skipped.skipped_keys == [37, 80]
+    ids = [int(r[0]) for r in read_parts(tmp_path, skipped)]
+    assert ids == [i for i in range(1, 101) if i not in (37, 80)]
+    assert manifest(tmp_path, skipped)["skipped_keys"] == [37, 80]
+
+
+def test_a_part_over_its_bytes_fails_the_export(table: Any, tmp_path: Path) -> None:
+    backfill_jobs.fill_table(500)
+    handle = feishu_inbox.export(
+        "big",
+        Row.objects.all(),
+        columns=["id", "label"],
+        part_rows=400,
+        max_part_bytes=2000,
+        storage=FileSystemStorage(location=tmp_path),
+    )
+    burst()
+    failed = Export.objects.get(uid=handle.uid)
+    assert failed.state == "failed" and failed.error.startswith("[export_part_too_large]")
+    assert failed.part_count == 0 and not (tmp_path / handle.prefix).exists()
+
+
+def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_commits(
+    table: Any,
+) -> None:
+    with pytest.raises(LedgerError) as caught:
+        feishu_inbox.export("a/b", Row.objects.all(), columns=[], format="xml", part_rows=0)
+    text = str(caught.value)
+    assert all(word in text for word in ("name", "columns", "format", "part_rows"))
+    for bad in ("..", "../up", ".hidden", "a" * 201):
+        with pytest.raises(LedgerError, match="names a folder"):
+            feishu_inbox.export(bad, Row.objects.all(), columns=["id"])
+    with pytest.raises(LedgerError, match="columns do not fit"):
+        feishu_inbox.export("x", Row.objects.all(), columns=["no_such_field"])
+    with pytest.raises(RuntimeError), transaction.atomic():
+        feishu_inbox.export("x", Row.objects.all(), columns=["id"])
+        raise RuntimeError("the caller rolls back")
+    assert not Export.objects.exists() and not EventJob.objects.exists()
+
+
+def operator(*perms: str) -> Client:
+    user = User.objects.create_user("op-" + "-".join(perms or ("none",)), is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_export", "view_backfill", *perms])
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_admin_download_links_need_the_permission_and_expire(table: Any, tmp_path: Path) -> None:
+    backfill_jobs.fill_table(10)
+    handle = feishu_inbox.export(
+        "dl", Row.objects.all(), columns=["id"], storage=FileSystemStorage(location=tmp_path)
+    )
+    burst()
+    export = Export.objects.get(uid=handle.uid)
+    page = reverse("admin:feishu_inbox_export_change", args=[export.pk])
+    viewer = operator()
+    shown = viewer.get(page).content.decode()
+    assert "part-00001.csv" in shown and "download/" not in shown
+    downloader = operator("download_export")
+    shown = downloader.get(page).content.decode()
+    links = [part.split('"')[0] for part in shown.split('href="')[1:] if "/download/" in part]
+    assert len(links) == 2  # the part and the manifest
+    got = downloader.get(links[0])
+    assert got.status_code == 200
+    assert b"".join(got.streaming_content) == (tmp_path / export.parts[0]["name"]).read_bytes()
+    assert viewer.get(links[0]).status_code == 403
+    with override_settings(FEISHU_INBOX={"EXPORT_LINK_SECONDS": 1e-6}):
+        assert downloader.get(links[0]).status_code == 410
+    forged = parts.download_token(export.uid, "part-00001.csv")[:-2] + "xx"
+    assert (
+        downloader.get(reverse("admin:feishu_inbox_export_download", args=[forged])).status_code
+        == 404
+    )
+
+
+def test_retention_removes_old_exports_files_and_rows(table: Any, tmp_path: Path) -> None:
+    backfill_jobs.fill_table(10)
+    storage = FileSystemStorage(location=tmp_path)
+    old = feishu_inbox.export("old", Row.objects.all(), columns=["id"], storage=storage)
+    new = feishu_inbox.export("new", Row.objects.all(), columns=["id"], storage=storage)
+    burst()
+    Export.objects.filter(uid=old.uid).update(finished_at=timezone.now() - timedelta(days=8))
+    call_command("inbox", "purge")
+    assert list(Export.objects.values_list("uid", flat=True)) == [new.uid]
+    assert not any((tmp_path / old.prefix).iterdir())
+    assert (tmp_path / new.prefix / "manifest.json").exists()
+
+
+def test_a_query_whose_signature_does_not_hold_is_never_unpickled(table: Any) -> None:
+    handle = feishu_inbox.export("x", Row.objects.all(), columns=["id"])
+    sealed = Export.objects.get(uid=handle.uid).query
+    middle = len(sealed) // 2
+    flipped = "A" if sealed[middle] != "A" else "B"
+    tampered = sealed[:middle] + flipped + sealed[middle + 1 :]
+    Export.objects.filter(uid=handle.uid).update(query=tampered)
+    burst()
+    failed = Export.objects.get(uid=handle.uid)
+    assert failed.state == "failed" and "BadSignature" in failed.error
+    job = EventJob.objects.get(pk=handle.job_id)
+    assert (job.status, job.error_type) == ("completed", "ExportQueryUnreadable")
