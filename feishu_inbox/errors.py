@@ -22,8 +22,7 @@ def truncate(message: str) -> str:
 
 
 #: code → (what it means, what to do). Webhook codes answer a delivery; the others refuse an
-#: operation, and nothing changed. A capability whose codes did not fit here adds them when
-#: it is imported (``backfills/refusals.py``; ``feishu_inbox`` imports it).
+#: operation, and nothing changed (``backfills/refusals.py`` adds its own when imported).
 CATALOGUE: dict[str, tuple[str, str]] = {
     # configuration and arguments
     "configuration": (

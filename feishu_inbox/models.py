@@ -158,7 +158,7 @@ class EventJob(models.Model):
         # (SeparateDatabaseAndState); tests/store/test_row_checks.py fails until both agree.
         constraints = [
             models.UniqueConstraint(
-                fields=["app", "tenant", "dedupe_key"], name="feishu_inbox_job_dedupe_tenant"
+                fields=["app", "dedupe_key", "tenant"], name="feishu_inbox_job_dedupe_tenant"
             ),
             models.CheckConstraint(
                 condition=Q(status=Status.RUNNING, lease_until__isnull=False)

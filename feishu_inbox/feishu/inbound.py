@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connections
 
 from .. import telemetry, tracing
-from ..ledger import outages, replication
+from ..ledger import outages, replication, tenants
 from ..ledger import rules as ledger
 from ..ledger.rules import EnqueueResult
 from . import protocol, questions, tenancy, turns
@@ -75,7 +75,7 @@ def store(
                 private_message=keys.private_message,
                 payload=envelope.body,
                 payload_json=envelope.raw,
-                tenant=envelope.tenant_key,
+                tenant=tenancy.job_tenant(app, envelope),
             )
         except DatabaseError as exc:
             if outages.database_away(exc):
@@ -142,8 +142,9 @@ def answer_card(app: str, envelope: protocol.Envelope, budget: float) -> dict[st
     def run() -> dict[str, Any] | None:
         if time.monotonic() > deadline:  # queued behind slow ones: Feishu has its {} already
             return None
-        try:
-            return callback(action)
+        try:  # what it enqueues is the click's tenant's (a store app's organisation's)
+            with tenants.tenant(tenancy.job_tenant(app, envelope)):
+                return callback(action)
         finally:
             connections.close_all()  # this thread's own connections
 

@@ -34,6 +34,7 @@ from ..errors import (
     FeishuTransientError,
 )
 from ..ledger import credentials, tenants
+from . import protocol
 
 log = logging.getLogger("feishu_inbox.openapi")
 
@@ -250,3 +251,12 @@ def _token(creds: Any, answer: dict[str, Any], field: str, whose: str) -> tuple[
         fix=f"Check APP_ID, APP_SECRET and APP_TYPE of FEISHU_INBOX['APPS'][{creds.app!r}], "
         "and that the tenant installed the app.",
     )
+
+
+def job_tenant(app: str, envelope: protocol.Envelope) -> str:
+    """The tenant an event's job is stored with: a store app's event's ``tenant_key`` (whose
+    token answers it); "" (explicitly none) for a self-built app, whose one organisation every
+    event names. So a self-built app's event is deduplicated exactly as before tenants, across
+    an upgrade too (a redelivery of an event stored by an older release is still a duplicate),
+    and a site's own tenants (``tenant=``) are not confused with Feishu's."""
+    return envelope.tenant_key if is_store_app(app) else ""

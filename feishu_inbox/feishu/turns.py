@@ -180,7 +180,7 @@ def typing(event: Event, emoji: str = TYPING) -> str:
     message_id = target_message(event)
     cleanups.on_finish(
         cleanups.handler_spec(
-            REMOVE_REACTION, {"message_id": message_id, "emoji": emoji}, event.app
+            REMOVE_REACTION, {"message_id": message_id, "emoji": emoji}, event.app, event.tenant
         ),
         name=f"reaction:{emoji}:{message_id}"[:64],
     )

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from .. import telemetry
 from ..conf import checked_settings
-from ..errors import LeaseLost
+from ..errors import InboxError, LeaseLost
 from ..models import EventJob, Status
 from ..store import store
 from ..tables.turns import TurnCleanup
@@ -199,20 +199,36 @@ def fire_cleanups(limit: int = FIRE_LIMIT) -> int:
         )
         if not due:
             return 0
-        apps = dict(
-            EventJob.objects.filter(id__in={c.job_id for c in due}).values_list("id", "app")
-        )
+        owners = {
+            job_id: (app, tenant)
+            for job_id, app, tenant in EventJob.objects.filter(
+                id__in={c.job_id for c in due}
+            ).values_list("id", "app", "tenant")
+        }
         for cleanup in due:
-            enqueue_spec(
-                cleanup.spec,
-                {
-                    "parent": cleanup.job_id,
-                    "generation": "end",
-                    "name": cleanup.name,
-                    "index": cleanup.pk,
-                    "app": apps.get(cleanup.job_id, "default"),
-                },
-            )
+            app, tenant = owners.get(cleanup.job_id, ("default", ""))
+            spec = dict(cleanup.spec)
+            if spec.get("tenant") is None:  # its job's (recorded before tenants, or none)
+                spec["tenant"] = tenant
+            try:
+                with transaction.atomic():
+                    enqueue_spec(
+                        spec,
+                        {
+                            "parent": cleanup.job_id,
+                            "generation": "end",
+                            "name": cleanup.name,
+                            "index": cleanup.pk,
+                            "app": app,
+                        },
+                    )
+            except InboxError as refused:  # its spec cannot be stored (a task gone): dropped
+                log.error(
+                    "the cleanup %r of job %s was refused and is dropped: %s",
+                    cleanup.name,
+                    cleanup.job_id,
+                    refused,
+                )
         TurnCleanup.objects.filter(id__in=[c.pk for c in due]).delete()
     telemetry.TURN_CLEANUPS.inc(len(due))
     return len(due)

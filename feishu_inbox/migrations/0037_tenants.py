@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='eventjob',
             constraint=models.UniqueConstraint(
-                fields=('app', 'tenant', 'dedupe_key'), name='feishu_inbox_job_dedupe_tenant'
+                fields=('app', 'dedupe_key', 'tenant'), name='feishu_inbox_job_dedupe_tenant'
             ),
         ),
         migrations.AddIndex(

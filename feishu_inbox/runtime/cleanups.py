@@ -32,7 +32,7 @@ def on_finish(spec: dict[str, Any], *, name: str) -> bool:
 
 
 def handler_spec(
-    event_type: str, payload: dict[str, Any], app: str | None = None
+    event_type: str, payload: dict[str, Any], app: str | None = None, tenant: str | None = None
 ) -> dict[str, Any]:
     """A workflow job spec for a handler's (or a kind's) event type: what ``on_finish`` takes."""
     return {
@@ -42,4 +42,5 @@ def handler_spec(
         "args": [],
         "key": None,
         "app": app,
+        "tenant": tenant,
     }

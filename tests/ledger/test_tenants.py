@@ -166,15 +166,31 @@ def test_tenant_gauges_name_the_busiest_and_sum_the_rest() -> None:
 # --- the tenant at ingress, and in a job's limits ---------------------------------------------
 
 
-def test_both_ingress_paths_take_the_events_tenant_key() -> None:
+def test_both_ingress_paths_take_a_store_apps_tenant_key_and_a_self_built_apps_is_none() -> None:
     from feishu_inbox.feishu import inbound, protocol
 
-    v2 = {"schema": "2.0", "header": {"event_id": "e2", "event_type": "x", "tenant_key": "t2"}}
-    v1 = {"uuid": "e1", "type": "event_callback", "event": {"type": "x", "tenant_key": "t1"}}
-    for body, transport in ((v2, "webhook"), (v1, "long_connection")):
-        envelope = protocol.parse_envelope(body, json.dumps(body))
-        inbound.store("default", envelope, transport=transport)
-    assert dict(EventJob.objects.values_list("event_id", "tenant")) == {"e2": "t2", "e1": "t1"}
+    apps = {"default": {"APP_ID": "cli_self"}, "shop": {"APP_ID": "cli_isv", "APP_TYPE": "store"}}
+    with override_settings(FEISHU_INBOX={"APPS": apps}):
+        for app in ("shop", "default"):
+            v2 = {
+                "schema": "2.0",
+                "header": {"event_id": f"{app}2", "event_type": "x", "tenant_key": "t2"},
+            }
+            v1 = {
+                "uuid": f"{app}1",
+                "type": "event_callback",
+                "event": {"type": "x", "tenant_key": "t1"},
+            }
+            for body, transport in ((v2, "webhook"), (v1, "long_connection")):
+                envelope = protocol.parse_envelope(body, json.dumps(body))
+                inbound.store(app, envelope, transport=transport)
+    # a self-built app's one organisation is no tenant: its events dedupe as before tenants
+    assert dict(EventJob.objects.values_list("event_id", "tenant")) == {
+        "shop2": "t2",
+        "shop1": "t1",
+        "default2": "",
+        "default1": "",
+    }
 
 
 def test_a_limit_may_be_keyed_by_any_jobs_tenant() -> None:
