@@ -68,6 +68,15 @@ def truncate_ledger() -> None:
         )
 
 
+def analyze() -> None:
+    """Fresh planner statistics (PostgreSQL), as autovacuum would give them."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
+
+
 def timed(fn: Callable[[], int]) -> tuple[int, float]:
     """Run ``fn`` (returns a count); returns (count, seconds)."""
     start = time.perf_counter()

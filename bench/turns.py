@@ -50,6 +50,7 @@ from typing import Any
 
 from _setup import (
     ROOT,
+    analyze,
     django_setup,
     fresh_postgres,
     fresh_sqlite,
@@ -99,14 +100,6 @@ def empty_ledger() -> None:
             "feishu_inbox_partition",
         ):
             cur.execute(f"DELETE FROM {table}")
-
-
-def analyze() -> None:
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("ANALYZE")
 
 
 def commits() -> int | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from _setup import (
     ROOT,
+    analyze,
     django_setup,
     each_backend,
     fresh_postgres,
@@ -86,14 +87,6 @@ def fill_waiting(n: int) -> None:
             f"partition_key LIKE 'held-%%', NULL, {now}, NULL, 'chat-' || id "
             f"FROM {JOB_TABLE} WHERE event_type = 'bench.waits'"
         )
-
-
-def analyze() -> None:
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("ANALYZE")
 
 
 def costs(jobs: int) -> tuple[float, float]:

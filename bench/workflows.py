@@ -48,6 +48,7 @@ from typing import Any
 
 from _setup import (
     ROOT,
+    analyze,
     django_setup,
     fresh_postgres,
     fresh_sqlite,
@@ -113,14 +114,6 @@ def empty_ledger() -> None:
             "feishu_inbox_batchevent",
         ):
             cur.execute(f"DELETE FROM {table}")
-
-
-def analyze() -> None:
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("ANALYZE")
 
 
 # --- 1. fan-out/fan-in -----------------------------------------------------------------------

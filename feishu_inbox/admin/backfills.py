@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -29,6 +28,7 @@ from ..backfills import control, parts
 from ..conf import checked_settings
 from ..errors import InboxError
 from ..tables.backfills import Backfill, Export
+from .common import log_change
 
 #: The request whose export page is being rendered (a file's links depend on who looks).
 _viewer = threading.local()
@@ -36,16 +36,6 @@ DOWNLOAD = "feishu_inbox.download_export"
 #: What the actions' messages say was done.
 PAST = {"pause": "paused", "resume": "resumed", "cancel": "cancelled", "run": "run again"}
 OPERATE = "feishu_inbox.operate_backfill"
-
-
-def _logged(request: HttpRequest, obj: Any, message: str) -> None:
-    LogEntry.objects.log_actions(
-        user_id=request.user.pk or 0,
-        queryset=[obj],
-        action_flag=CHANGE,
-        change_message=message,
-        single_object=True,
-    )
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -121,7 +111,7 @@ class BackfillAdmin(ReadOnly):
                 self.message_user(request, f"{row.name}: {exc.described()}", messages.ERROR)
                 continue
             done += 1
-            _logged(request, row, f"{verb.capitalize()} backfill {row.name}")
+            log_change(request, row, f"{verb.capitalize()} backfill {row.name}")
         self.message_user(
             request,
             ngettext("%(n)d backfill %(verb)s.", "%(n)d backfills %(verb)s.", done)

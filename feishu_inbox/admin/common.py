@@ -42,3 +42,16 @@ class CappedCountPaginator(Paginator):
     def count(self) -> int:
         qs = self.object_list
         return len(qs.values_list("pk", flat=True)[: COUNT_CAP + 1])  # type: ignore[attr-defined]
+
+
+def log_change(request: HttpRequest, obj: Any, message: str) -> None:
+    """An operator's change of one object, in Django admin's history (who, what, when)."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    LogEntry.objects.log_actions(
+        user_id=request.user.pk or 0,
+        queryset=[obj],
+        action_flag=CHANGE,
+        change_message=message,
+        single_object=True,
+    )

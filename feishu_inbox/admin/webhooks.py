@@ -15,7 +15,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -25,19 +24,10 @@ from django.utils.translation import ngettext
 from .. import webhooks
 from ..errors import InboxError
 from ..tables.webhooks import WebhookAttempt, WebhookEndpoint, WebhookMessage
+from .common import log_change
 
 #: The attempts an endpoint's page lists (the messages' pages list every one).
 RECENT = 20
-
-
-def _logged(request: HttpRequest, obj: Any, message: str) -> None:
-    LogEntry.objects.log_actions(
-        user_id=request.user.pk or 0,
-        queryset=[obj],
-        action_flag=CHANGE,
-        change_message=message,
-        single_object=True,
-    )
 
 
 class EndpointForm(forms.ModelForm):
@@ -149,7 +139,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         released = 0
         for endpoint in queryset:
             released += webhooks.enable(endpoint.uid)
-            _logged(request, endpoint, "Enabled")
+            log_change(request, endpoint, "Enabled")
         self.message_user(
             request,
             ngettext(
@@ -168,7 +158,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         for endpoint in queryset:
             if webhooks.disable(endpoint.uid, reason="operator", detail=f"disabled by {who}"):
                 changed += 1
-                _logged(request, endpoint, "Disabled")
+                log_change(request, endpoint, "Disabled")
         self.message_user(
             request,
             ngettext("%d endpoint disabled.", "%d endpoints disabled.", changed) % changed,
@@ -191,7 +181,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{endpoint.uid}: {exc.described()}", messages.ERROR)
                 continue
             replayed, pending = replayed + len(done.jobs), pending + len(done.pending)
-            _logged(request, endpoint, f"Replayed {len(done.jobs)} deliveries of the last day")
+            log_change(request, endpoint, f"Replayed {len(done.jobs)} deliveries of the last day")
         self.message_user(
             request,
             ngettext("%d delivery replayed", "%d deliveries replayed", replayed) % replayed
