@@ -27,8 +27,6 @@ import logging
 import pickle
 import re
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,59 +226,26 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
         if fetched == 0 and n > 1:
             return 0
         name = parts.part_name(row.prefix, n, row.format)
-        with _holding(row) as held:  # the part's file and its record, under one lock
-            if not held:  # another run recorded part n meanwhile: its file stays
-                return fetched
-            parts.save(storage, name, content)
-            sha = parts.digest(content)
-            moved = _record_part(row, n, name, written, size, sha, last_key, skipped)
+        parts.save(storage, name, content)
+        sha = parts.digest(content)
+    part = {"n": n, "name": name, "rows": written, "bytes": size, "sha256": sha}
+    with transaction.atomic():
+        moved = Export.objects.filter(
+            pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING
+        ).update(
+            parts=[*row.parts, part],
+            part_count=n,
+            cursor=row.cursor if last_key is None else _json_key(last_key),
+            rows_done=F("rows_done") + written,
+            skipped=F("skipped") + len(skipped),
+            skipped_keys=(row.skipped_keys + skipped)[:KEPT_KEYS],
+        )
     if moved:
         telemetry.EXPORT_PARTS.inc()
         telemetry.EXPORT_ROWS.labels("written").inc(written)
         if skipped:
             telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
     return fetched
-
-
-@contextmanager
-def _holding(row: Export) -> Iterator[bool]:
-    """A transaction holding the export's row while it is still at ``row.part_count`` (True),
-    with the job's lease renewed, fenced: a run that lost its lease (a stalled worker whose job
-    another took over) raises ``LeaseLost`` here and writes no file; one that finds the row
-    moved on (False) writes none either. So a committed part or manifest is never rewritten."""
-    with transaction.atomic():
-        held = (
-            Export.objects.filter(
-                pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING
-            ).update(part_count=F("part_count"))  # the row's lock (SQLite's: the database's)
-            == 1
-        )
-        if held:
-            ledger.renew(context.current().lease)
-        yield held
-
-
-def _record_part(
-    row: Export,
-    n: int,
-    name: str,
-    written: int,
-    size: int,
-    sha: str,
-    last_key: Any,
-    skipped: list[Any],
-) -> int:
-    part = {"n": n, "name": name, "rows": written, "bytes": size, "sha256": sha}
-    return Export.objects.filter(
-        pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING
-    ).update(
-        parts=[*row.parts, part],
-        part_count=n,
-        cursor=row.cursor if last_key is None else _json_key(last_key),
-        rows_done=F("rows_done") + written,
-        skipped=F("skipped") + len(skipped),
-        skipped_keys=(row.skipped_keys + skipped)[:KEPT_KEYS],
-    )
 
 
 def _encode_block(
@@ -328,13 +293,10 @@ def manifest_of(row: Export) -> dict[str, Any]:
 def finish(row: Export, storage: Any) -> None:
     """The manifest, last; then the export is completed."""
     name = parts.manifest_name(row.prefix)
-    with _holding(row) as held:  # as a part's: a stale run writes no manifest
-        if not held:
-            return
-        parts.save_manifest(storage, name, manifest_of(row))
-        Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
-            state=ExportState.COMPLETED, manifest=name, finished_at=timezone.now()
-        )
+    parts.save_manifest(storage, name, manifest_of(row))
+    Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+        state=ExportState.COMPLETED, manifest=name, finished_at=timezone.now()
+    )
     log.info("export %s completed: %s rows in %s parts", row.uid, row.rows_done, row.part_count)
 
 

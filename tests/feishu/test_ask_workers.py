@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,11 +167,11 @@ def test_two_quick_clicks_one_decision_and_late_or_foreign_clicks_change_nothing
     assert list(Wait.objects.filter(job_id=decided).values()) == before
     assert status(decided) == "waiting"
 
-    # two clicks within 50 ms: one decision
-    started = time.monotonic()
+    # two quick clicks (pushed back to back, without waiting for the first's answer): one
+    # decision, whichever lands first. (How close together the test's thread pushes them is
+    # the machine's business: under load it was 110 ms once, and the promise is the same.)
     one = push_click(fake_ws, values["Reject"], "ou_alice")
     two = push_click(fake_ws, values["Approve"], "ou_bob")
-    assert time.monotonic() - started < 0.05
     toasts = sorted([answer_of(fake_ws, one)[0], answer_of(fake_ws, two)[0]])
     assert toasts[0] == "Already decided." and toasts[1].startswith("Received: "), toasts
     chosen = toasts[1].removeprefix("Received: ")
