@@ -30,10 +30,12 @@ def server() -> Iterator[str]:
         stop(proc)
 
 
-def http_post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+def http_post(
+    url: str, body: bytes, headers: dict[str, str], *, timeout: float = 10.0
+) -> tuple[int, dict[str, object]]:
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
