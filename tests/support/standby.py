@@ -10,6 +10,7 @@ primary now.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,6 +49,8 @@ class Replica:
         self.primary_data, self.standby_data = self.home / "primary", self.home / "standby"
         self.primary_port, self.standby_port = free_port(), free_port()
         self.promoted = False
+        #: The WAL receiver ``hold_back_standby`` stopped.
+        self._held: int | None = None
 
     def url(self, database: str = DATABASE) -> str:
         return (
@@ -134,7 +137,21 @@ class Replica:
         os.killpg(os.getpgid(pid), signal.SIGKILL)
         wait_for(lambda: not _alive(pid), 30, "the primary to die")
 
+    def hold_back_standby(self) -> int:
+        """Stop the standby's WAL receiver (SIGSTOP): from now on what the primary commits is
+        not streamed, as when an asynchronous standby lags; ``promote`` lets it go. Its pid."""
+        with psycopg.connect(self.direct(self.standby_port, "postgres"), autocommit=True) as db:
+            row = db.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()
+        assert row is not None, "the standby has no WAL receiver"
+        os.kill(row[0], signal.SIGSTOP)
+        self._held = row[0]
+        return row[0]
+
     def promote(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:  # what it had not received is lost (not read from its socket)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(held, signal.SIGKILL)
         pg_ctl(self.standby_data, "promote")
         self.promoted = True
 
