@@ -19,6 +19,8 @@ from tests.support.worker_handlers import record
 EFFECTS = os.environ.get("TOPOLOGY_EFFECTS") == "1"
 #: Seconds of the handler's own work (a worker killed meanwhile runs it again).
 WORK = float(os.environ.get("TOPOLOGY_WORK", "0.005"))
+#: Seconds inside the effect, after its record (a database lost meanwhile finds it in flight).
+EFFECT_WORK = float(os.environ.get("TOPOLOGY_EFFECT_WORK", "0"))
 
 
 EVENT_TYPE = "test.topology.message"
@@ -33,6 +35,7 @@ def message(event: Event) -> None:
     if EFFECTS:
         with feishu_inbox.effect():
             record("effect", event.event_id, pid)
+            time.sleep(EFFECT_WORK)  # the effect's own time, not a synchronisation
     record("end", event.event_id, pid, time.monotonic_ns())
 
 
