@@ -12,12 +12,22 @@
 
 The export is a job (in the caller's transaction: no commit, no export). Its worker reads the
 rows by primary key after a cursor (``iterator(chunk_size=…)``: bounded memory), one part at a
-time: part n holds the ``part_rows`` rows after part n-1's last key, written to a temporary file
-and saved under its fixed name; the part and the cursor are then recorded in one commit. A
-worker killed mid-part leaves the cursor where it was, and the next attempt writes that part
-again under the same name. The manifest is written last. A row that cannot be written fails
-the export (``export_row_invalid``, with its key) or, with ``on_invalid="skip"``, is counted
-and its key kept; a part bigger than ``max_part_bytes`` fails it (``export_part_too_large``).
+time: part n holds the ``part_rows`` rows after part n-1's last key (and every other row of its
+own last key: a to-many column repeats a key, and a key is never split between parts), written
+to a temporary file and saved under a name of this write's own (``part-00001-<tag>.csv``); the
+part, its name and the cursor are then recorded in one commit that expects part n-1 to be the
+last (compare and set). A worker killed mid-part leaves the cursor where it was, and the next
+attempt writes that part again under a new name. A stalled worker that lost its lease (a
+zombie) can finish writing a file, never replace one: its commit matches nothing, and it
+deletes what it wrote. No transaction is open while a file is written.
+
+The manifest (``manifest.json``) is written last, from a state no attempt can change any more:
+the commit that records its name also closes the parts (``manifest`` set: no part's compare
+and set matches), the files of attempts that never committed are deleted, the manifest is
+written (an attempt that finds it already there, as written, leaves it), and the export is
+completed. A row that cannot be written fails the export (``export_row_invalid``, with its
+key) or, with ``on_invalid="skip"``, is counted and its key kept; a part bigger than
+``max_part_bytes`` fails it (``export_part_too_large``).
 """
 
 from __future__ import annotations
@@ -172,14 +182,15 @@ def run(event: context.Event) -> None:
         Export.objects.filter(pk=row.pk).update(total_estimate=estimate_rows(queryset))
     storage = row.open_storage()
     try:
-        while True:
+        while not row.manifest:  # set: the parts are closed (a killed finish, to end)
             ctx.ensure_alive()
-            fetched = write_part(row, queryset, storage)
+            fetched, upto = write_part(row, queryset, storage)
+            if upto is not None and fetched < row.part_rows:  # the rows ran out after it
+                ctx.ensure_alive()
+                close_parts(row, upto)  # unless another attempt moved on meanwhile
             row.refresh_from_db()
             if row.state != ExportState.RUNNING:
                 return
-            if fetched < row.part_rows:
-                break
         finish(row, storage)
     except ExportError as exc:
         Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
@@ -188,18 +199,24 @@ def run(event: context.Event) -> None:
         raise Concluded(type(exc).__name__, exc.described()) from exc
 
 
-def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
-    """Write part ``part_count + 1``; returns the rows it read (fewer than ``part_rows``: the
-    last part). A part of no rows is written only when the export has none at all."""
+def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> tuple[int, int | None]:
+    """Write part ``part_count + 1``: the rows it read (fewer than ``part_rows``: the last
+    part), and the parts that the read found written (this one when its commit landed; None:
+    another attempt's landed first). A part of no rows is written only when the export has
+    none at all. The rows
+    of the part's last key all go in it: when the part is full, the rows of that key past
+    ``part_rows`` (a to-many column) are read too, never left to a next part that starts
+    after the key."""
     n = row.part_count + 1
     rows = queryset.order_by("pk")
     if row.cursor is not None:
         rows = rows.filter(pk__gt=queryset.model._meta.pk.to_python(row.cursor))
     encoder = parts.Encoder(row.format, row.columns)
     fetched = written = size = 0
-    last_key: Any = None
     skipped: list[Any] = []
     block: list[tuple[Any, list[Any]]] = []
+    #: The rows of the last key read, held back from ``block`` until a key after it comes.
+    run: list[tuple[Any, list[Any]]] = []
     with parts.spooled() as content:
         size += content.write(encoder.header())
 
@@ -215,23 +232,31 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
                 )
             block.clear()
 
-        values = rows.values_list("pk", *row.columns)[: row.part_rows]
-        for key, *rest in values.iterator(chunk_size=row.chunk_size):
+        values = rows.values_list("pk", *row.columns)
+        for key, *rest in values[: row.part_rows].iterator(chunk_size=row.chunk_size):
             fetched += 1
-            last_key = key
-            block.append((key, rest))
-            if len(block) >= BLOCK_ROWS:
-                flush()
+            if run and key != run[0][0]:
+                block.extend(run)
+                run.clear()
+                if len(block) >= BLOCK_ROWS:
+                    flush()
+            run.append((key, rest))
+        if run and fetched == row.part_rows:  # full: its last key may have rows past it
+            last = values.filter(pk=run[0][0])
+            if last.count() > len(run):
+                run = [(key, rest) for key, *rest in last]
+        last_key = run[0][0] if run else None
+        block.extend(run)
         flush()
         if fetched == 0 and n > 1:
-            return 0
-        name = parts.part_name(row.prefix, n, row.format)
+            return 0, row.part_count
+        name = parts.part_name(row.prefix, n, row.format, secrets.token_hex(4))
         parts.save(storage, name, content)
         sha = parts.digest(content)
     part = {"n": n, "name": name, "rows": written, "bytes": size, "sha256": sha}
     with transaction.atomic():
         moved = Export.objects.filter(
-            pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING
+            pk=row.pk, part_count=row.part_count, state=ExportState.RUNNING, manifest=""
         ).update(
             parts=[*row.parts, part],
             part_count=n,
@@ -240,12 +265,14 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> int:
             skipped=F("skipped") + len(skipped),
             skipped_keys=(row.skipped_keys + skipped)[:KEPT_KEYS],
         )
-    if moved:
-        telemetry.EXPORT_PARTS.inc()
-        telemetry.EXPORT_ROWS.labels("written").inc(written)
-        if skipped:
-            telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
-    return fetched
+    if not moved:  # another attempt wrote this part (this one is a zombie): its file goes
+        parts.discard(storage, name)
+        return fetched, None
+    telemetry.EXPORT_PARTS.inc()
+    telemetry.EXPORT_ROWS.labels("written").inc(written)
+    if skipped:
+        telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
+    return fetched, n
 
 
 def _encode_block(
@@ -290,12 +317,30 @@ def manifest_of(row: Export) -> dict[str, Any]:
     }
 
 
+def close_parts(row: Export, upto: int) -> bool:
+    """Close the parts after part ``upto``, which a read found the last (no rows after it):
+    the manifest's name is recorded, and no part's compare and set matches after it. False:
+    another attempt wrote a part after it (rows came) or closed them meanwhile."""
+    return bool(
+        Export.objects.filter(
+            pk=row.pk, part_count=upto, state=ExportState.RUNNING, manifest=""
+        ).update(manifest=parts.manifest_name(row.prefix))
+    )
+
+
 def finish(row: Export, storage: Any) -> None:
-    """The manifest, last; then the export is completed."""
-    name = parts.manifest_name(row.prefix)
-    parts.save_manifest(storage, name, manifest_of(row))
+    """The parts are closed: the files no commit recorded go, the manifest is written (the
+    same bytes whoever writes it), then the export is completed."""
+    row.refresh_from_db()
+    if row.state != ExportState.RUNNING:
+        return
+    kept = {part["name"] for part in row.parts} | {row.manifest}
+    for name in row.stored_files(storage):
+        if name not in kept:
+            parts.discard(storage, name)
+    parts.save_manifest(storage, row.manifest, manifest_of(row))
     Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
-        state=ExportState.COMPLETED, manifest=name, finished_at=timezone.now()
+        state=ExportState.COMPLETED, finished_at=timezone.now()
     )
     log.info("export %s completed: %s rows in %s parts", row.uid, row.rows_done, row.part_count)
 

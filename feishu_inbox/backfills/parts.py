@@ -2,10 +2,12 @@
 temporary file (bounded memory) and saved under its name fixed in advance, the manifest last;
 the storage an export writes to; its signed download links; retention.
 
-A part's name is ``<prefix>part-<n>.<ext>`` (n from 1, five digits): a retried part deletes
-what a killed try left under that name, then saves again, so a part is never two files.
-The manifest (``<prefix>manifest.json``) lists every part with its rows, bytes and SHA-256:
-a reader who finds it finds every part complete.
+A part's name is ``<prefix>part-<n>-<tag>.<ext>`` (n from 1, five digits; the tag is the
+write's own): a write never replaces another's file, so a stalled worker that lost its lease
+cannot overwrite a part that another attempt committed. The files that no commit recorded (a
+killed try's, a zombie's) are deleted before the manifest is written. The manifest
+(``<prefix>manifest.json``) lists every part with its name, rows, bytes and SHA-256: a reader
+who finds it finds every part complete.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ class RowInvalid(ValueError):
     """A row that cannot be written, and why."""
 
 
-def part_name(prefix: str, n: int, fmt: str) -> str:
-    return f"{prefix}part-{n:05d}.{EXTENSIONS[fmt]}"
+def part_name(prefix: str, n: int, fmt: str, tag: str) -> str:
+    return f"{prefix}part-{n:05d}-{tag}.{EXTENSIONS[fmt]}"
 
 
 def manifest_name(prefix: str) -> str:
@@ -136,11 +138,26 @@ def save(storage: Storage, name: str, content: IO[bytes]) -> None:
 
 
 def save_manifest(storage: Storage, name: str, manifest: dict[str, Any]) -> None:
+    """Write the manifest, unless it is there as it should be (another attempt of the same
+    closed parts wrote it: the same bytes), so that it is never missing while it is
+    replaced."""
     body = json.dumps(manifest, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False) + "\n"
-    content = ContentFile(body.encode("utf-8"))
+    data = body.encode("utf-8")
+    if storage.exists(name):
+        with storage.open(name, "rb") as found:
+            if found.read() == data:
+                return
+        storage.delete(name)
+    saved = storage.save(name, ContentFile(data))
+    if saved != name:
+        storage.delete(saved)
+        raise OSError(f"the storage saved {name} as {saved}")
+
+
+def discard(storage: Storage, name: str) -> None:
+    """Delete a file no commit recorded (gone already: nothing to do)."""
     if storage.exists(name):
         storage.delete(name)
-    storage.save(name, content)
 
 
 def digest(content: IO[bytes]) -> str:

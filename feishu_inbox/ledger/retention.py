@@ -113,8 +113,9 @@ def purge_fired_batches(retention_seconds: float, batch: int) -> int:
 
 
 def purge_exports(retention_seconds: float, batch: int) -> int:
-    """One batch of exports finished more than ``retention_seconds`` ago: their files (parts
-    and manifest) are deleted from their storage, then their rows. An export whose files
+    """One batch of exports finished more than ``retention_seconds`` ago: their files (parts,
+    manifest, and what writes that never committed left in their folder) are deleted from
+    their storage, then their rows. An export whose files
     cannot be deleted (its storage is away) is kept, and tried again next time."""
     from datetime import timedelta
 
@@ -127,7 +128,7 @@ def purge_exports(retention_seconds: float, batch: int) -> int:
     for export in Export.objects.filter(finished_at__lt=before).order_by("finished_at")[:batch]:
         try:
             storage = export.open_storage()
-            for name in export.file_names():
+            for name in {*export.file_names(), *export.stored_files(storage)}:
                 if storage.exists(name):
                     storage.delete(name)
         except Exception:

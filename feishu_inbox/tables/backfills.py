@@ -134,5 +134,16 @@ class Export(models.Model):
         return cls(*spec.get("args", ()), **spec.get("kwargs", {}))
 
     def file_names(self) -> list[str]:
-        """Its files in the storage: the parts written, and the manifest once written."""
-        return [p["name"] for p in self.parts] + ([self.manifest] if self.manifest else [])
+        """Its files in the storage: the parts written, and the manifest once it is complete."""
+        done = self.manifest and self.state == ExportState.COMPLETED
+        return [p["name"] for p in self.parts] + ([self.manifest] if done else [])
+
+    def stored_files(self, storage: Storage) -> list[str]:
+        """Every file in its folder of ``storage``, by full name: its own, and those of writes
+        that never committed (a killed or stalled worker's). Empty for a storage that cannot
+        list, or a folder that is not there."""
+        try:
+            _, names = storage.listdir(self.prefix.rstrip("/"))
+        except (NotImplementedError, FileNotFoundError):
+            return []
+        return [self.prefix + name for name in names]

@@ -1,21 +1,25 @@
-"""Exports in one process (SPEC §9i): numbered parts under names fixed in advance, a manifest
-last that lists each with its rows, bytes and checksum; rows read back equal the queryset;
-an invalid row fails the export or is skipped by policy; a part too large fails it; admin's
-download links are signed, expire, and need the permission; retention removes old exports.
-Kills mid-part and memory on real workers are in ``test_export_workers.py``."""
+"""Exports in one process (SPEC §9i): numbered parts, each under a name of its write's own, a
+manifest last that lists each with its name, rows, bytes and checksum; a stalled attempt
+(a zombie) never replaces a committed part or manifest, and its files go; a to-many column
+never splits a key between parts; rows read back equal the queryset; an invalid row fails
+the export or is skipped by policy; a part too large fails it; admin's download links are
+signed, expire, and need the permission; retention removes old exports. Kills mid-part and
+memory on real workers are in ``test_export_workers.py``."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import io
+import itertools
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Group, Permission, User
 from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 from django.db import transaction
@@ -24,7 +28,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import feishu_inbox
-from feishu_inbox.backfills import parts
+from feishu_inbox.backfills import exports, parts
 from feishu_inbox.errors import LedgerError
 from feishu_inbox.models import EventJob
 from feishu_inbox.tables.backfills import Export
@@ -67,7 +71,13 @@ def test_an_export_writes_numbered_parts_and_a_manifest_last(table: Any, tmp_pat
     done = Export.objects.get(uid=handle.uid)
     assert (done.state, done.rows_done, done.part_count) == ("completed", 2345, 3)
     names = [p["name"] for p in done.parts]
-    assert names == [f"{handle.prefix}part-0000{n}.csv" for n in (1, 2, 3)]
+    assert [
+        re.fullmatch(rf"{handle.prefix}part-0000(\d)-[0-9a-f]{{8}}\.csv", n)[1] for n in names
+    ] == [  # type: ignore[index]
+        "1",
+        "2",
+        "3",
+    ]
     assert handle.prefix.startswith("feishu_inbox/exports/rows/exp_")
     assert read_parts(tmp_path, done) == [[str(i), f"row {i}"] for i in range(1, 2346)]
     found = manifest(tmp_path, done)
@@ -75,13 +85,82 @@ def test_an_export_writes_numbered_parts_and_a_manifest_last(table: Any, tmp_pat
     for part in found["parts"]:
         body = (tmp_path / part["name"]).read_bytes()
         assert (len(body), hashlib.sha256(body).hexdigest()) == (part["bytes"], part["sha256"])
-    assert sorted(p.name for p in (tmp_path / handle.prefix).iterdir()) == [
-        "manifest.json",
-        "part-00001.csv",
-        "part-00002.csv",
-        "part-00003.csv",
-    ]
+    assert sorted(p.name for p in (tmp_path / handle.prefix).iterdir()) == sorted(
+        ["manifest.json", *(n.rsplit("/", 1)[1] for n in names)]
+    )
     assert EventJob.objects.get(pk=handle.job_id).status == "completed"
+
+
+def test_a_zombie_never_replaces_a_committed_part_or_the_manifest_and_its_files_go(
+    table: Any, tmp_path: Path
+) -> None:
+    """Two attempts of one export: the one that lost its lease (a zombie, here its stale row)
+    writes the part another attempt committed: its commit matches nothing and its file goes;
+    the committed part's bytes are the manifest's. A file that a killed write left is gone
+    once the export completes; after it, a zombie's part and finish change nothing."""
+    backfill_jobs.fill_table(250)
+    storage = FileSystemStorage(location=tmp_path)
+    handle = feishu_inbox.export(
+        "zombie", Row.objects.all(), columns=["id", "label"], part_rows=100, storage=storage
+    )
+    stale = Export.objects.get(uid=handle.uid)
+    queryset = exports.unseal(stale)
+    assert exports.write_part(Export.objects.get(uid=handle.uid), queryset, storage) == (100, 1)
+    committed = Export.objects.get(uid=handle.uid).parts[0]
+    body = (tmp_path / committed["name"]).read_bytes()
+    Row.objects.filter(pk=5).update(label="changed after the part")  # the zombie reads it
+    assert exports.write_part(stale, queryset, storage) == (100, None)
+    assert (tmp_path / committed["name"]).read_bytes() == body
+    assert sorted(p.name for p in (tmp_path / handle.prefix).iterdir()) == [
+        committed["name"].rsplit("/", 1)[1]
+    ]
+    left = f"{handle.prefix}part-00002-deadbeef.csv"  # a write killed before its commit
+    (tmp_path / left).write_text("id,label\n")
+    burst()
+    done = Export.objects.get(uid=handle.uid)
+    assert (done.state, done.rows_done, done.part_count) == ("completed", 250, 3)
+    assert done.parts[0] == committed
+    files = sorted(p.name for p in (tmp_path / handle.prefix).iterdir())
+    assert files == sorted(["manifest.json", *(p["name"].rsplit("/", 1)[1] for p in done.parts)])
+    written = (tmp_path / done.manifest).read_bytes()
+    for part in manifest(tmp_path, done)["parts"]:
+        assert hashlib.sha256((tmp_path / part["name"]).read_bytes()).hexdigest() == part["sha256"]
+    # After it completed: a zombie of the last part, and of its finish.
+    last = Export.objects.get(uid=handle.uid)
+    last.parts, last.part_count, last.manifest = last.parts[:2], 2, ""
+    last.cursor, last.state = 200, "running"
+    Row.objects.create(id=251, label="row 251")
+    assert exports.write_part(last, queryset, storage) == (51, None)
+    exports.finish(last, storage)
+    assert (tmp_path / done.manifest).read_bytes() == written
+    assert sorted(p.name for p in (tmp_path / handle.prefix).iterdir()) == files
+
+
+def test_a_to_many_column_never_splits_a_key_between_parts(table: Any, tmp_path: Path) -> None:
+    """A to-many column repeats each key once per related row: the part that reaches
+    ``part_rows`` inside a key takes that key's other rows too (here a user of 7 groups in
+    parts of 4 rows), so every (user, group) row is written once."""
+    groups = [Group.objects.create(name=f"g{n}") for n in range(7)]
+    for n, count in enumerate([1, 3, 7, 0, 2, 2, 5]):
+        User.objects.create_user(f"u{n}").groups.set(groups[:count])
+    storage = FileSystemStorage(location=tmp_path)
+    handle = feishu_inbox.export(
+        "members",
+        User.objects.all(),
+        columns=["username", "groups__name"],
+        part_rows=4,
+        storage=storage,
+    )
+    burst()
+    done = Export.objects.get(uid=handle.uid)
+    expected = sorted(User.objects.values_list("username", "groups__name"))
+    written = read_parts(tmp_path, done)
+    assert sorted((u, g or None) for u, g in written) == expected
+    by_part = [
+        {row[0] for row in list(csv.reader(io.StringIO((tmp_path / p["name"]).read_text())))[1:]}
+        for p in done.parts
+    ]
+    assert all(not (a & b) for a, b in itertools.combinations(by_part, 2)), by_part
 
 
 def test_jsonl_of_a_filtered_queryset_and_an_empty_one(table: Any, tmp_path: Path) -> None:
@@ -104,7 +183,7 @@ def test_jsonl_of_a_filtered_queryset_and_an_empty_one(table: Any, tmp_path: Pat
     ]
     assert [r["id"] for r in lines] == list(range(4, 151))
     assert lines[0] == {"id": 4, "data": {"tags": ["a", "b"]}} and lines[-1]["data"] is None
-    assert done.part_count == 3 and done.parts[-1]["name"].endswith("part-00003.jsonl")
+    assert done.part_count == 3 and re.search(r"part-00003-\w+\.jsonl$", done.parts[-1]["name"])
     nothing = Export.objects.get(uid=empty.uid)
     assert (nothing.state, nothing.rows_done, nothing.part_count) == ("completed", 0, 1)
     assert manifest(tmp_path, nothing)["rows"] == 0
@@ -197,7 +276,7 @@ def test_admin_download_links_need_the_permission_and_expire(table: Any, tmp_pat
     page = reverse("admin:feishu_inbox_export_change", args=[export.pk])
     viewer = operator()
     shown = viewer.get(page).content.decode()
-    assert "part-00001.csv" in shown and "download/" not in shown
+    assert "part-00001-" in shown and "download/" not in shown
     downloader = operator("download_export")
     shown = downloader.get(page).content.decode()
     links = [part.split('"')[0] for part in shown.split('href="')[1:] if "/download/" in part]
@@ -208,7 +287,8 @@ def test_admin_download_links_need_the_permission_and_expire(table: Any, tmp_pat
     assert viewer.get(links[0]).status_code == 403
     with override_settings(FEISHU_INBOX={"EXPORT_LINK_SECONDS": 1e-6}):
         assert downloader.get(links[0]).status_code == 410
-    forged = parts.download_token(export.uid, "part-00001.csv")[:-2] + "xx"
+    forged = parts.download_token(export.uid, export.parts[0]["name"].rsplit("/", 1)[1])
+    forged = forged[:-2] + "xx"
     assert (
         downloader.get(reverse("admin:feishu_inbox_export_download", args=[forged])).status_code
         == 404
