@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core import signing
+from django.core.files.storage import InvalidStorageError
 from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
@@ -124,6 +125,10 @@ def export(
         problems.append(f"on_invalid must be 'fail' or 'skip' (got {on_invalid!r})")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         problems.append(f"chunk_size must be a whole number >= 1 (got {chunk_size!r})")
+    try:
+        where = parts.storage_spec(storage)
+    except (ValueError, InvalidStorageError, AttributeError, TypeError) as exc:
+        problems.append(f"storage: {exc}")
     if problems:
         raise LedgerError("export was refused: " + "; ".join(problems) + ".")
     try:
@@ -143,7 +148,7 @@ def export(
             format=format,
             columns=list(columns),
             query=seal(queryset),
-            storage=parts.storage_spec(storage),
+            storage=where,
             prefix=prefix,
             part_rows=part_rows,
             chunk_size=chunk_size,

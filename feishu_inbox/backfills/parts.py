@@ -18,6 +18,7 @@ import decimal
 import hashlib
 import io
 import json
+import re
 import tempfile
 import uuid
 from datetime import timedelta
@@ -168,6 +169,13 @@ def digest(content: IO[bytes]) -> str:
     return sha.hexdigest()
 
 
+#: A storage's argument that holds a credential (django-storages' ``access_key``,
+#: ``secret_key``, ``account_key``, ``password``…): such a storage is passed by its alias.
+SECRET_ARGUMENT = re.compile(
+    r"secret|password|passwd|token|credential|access_key|account_key|private", re.I
+)
+
+
 def storage_spec(storage: Storage | str | None) -> dict[str, Any]:
     """How a worker finds the storage again: an alias of settings.STORAGES, or a storage
     that deconstructs (every Django and django-storages storage does)."""
@@ -177,6 +185,13 @@ def storage_spec(storage: Storage | str | None) -> dict[str, Any]:
         storages[storage]  # raises InvalidStorageError for an unknown alias
         return {"alias": storage}
     path, args, kwargs = storage.deconstruct()  # type: ignore[attr-defined]
+    secret = sorted(k for k in kwargs if SECRET_ARGUMENT.search(k))
+    if secret:
+        raise ValueError(
+            f"the storage was made with {', '.join(secret)}, which would be stored in the "
+            "export's row in the database: name it in settings.STORAGES and pass its alias "
+            "(storage='exports')"
+        )
     # JSON, as the worker will read it (a location given as a Path becomes its text).
     return json.loads(json.dumps({"path": path, "args": list(args), "kwargs": kwargs}, default=str))
 

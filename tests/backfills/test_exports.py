@@ -238,6 +238,14 @@ def test_a_part_over_its_bytes_fails_the_export(table: Any, tmp_path: Path) -> N
     assert failed.part_count == 0 and not (tmp_path / handle.prefix).exists()
 
 
+class WithSecret(FileSystemStorage):
+    """A storage made with a credential (as django-storages' S3 storage with ``secret_key``)."""
+
+    def __init__(self, secret_key: str = "s3cr3t", **kwargs: Any) -> None:  # noqa: S107
+        super().__init__(**kwargs)
+        self._constructor_args = ((), {"secret_key": secret_key, **kwargs})
+
+
 def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_commits(
     table: Any,
 ) -> None:
@@ -248,6 +256,10 @@ def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_c
     for bad in ("..", "../up", ".hidden", "a" * 201):
         with pytest.raises(LedgerError, match="names a folder"):
             feishu_inbox.export(bad, Row.objects.all(), columns=["id"])
+    with pytest.raises(LedgerError, match=r"secret_key.*settings\.STORAGES"):
+        feishu_inbox.export("x", Row.objects.all(), columns=["id"], storage=WithSecret())
+    with pytest.raises(LedgerError, match=r"storage: .*nowhere"):
+        feishu_inbox.export("x", Row.objects.all(), columns=["id"], storage="nowhere")
     with pytest.raises(LedgerError, match="columns do not fit"):
         feishu_inbox.export("x", Row.objects.all(), columns=["no_such_field"])
     with pytest.raises(RuntimeError), transaction.atomic():
