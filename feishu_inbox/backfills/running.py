@@ -15,15 +15,29 @@ together or not at all: a worker killed anywhere leaves the cursor at the last c
 batch, and the next attempt (after the lease expires) does the next batch, each row once.
 When the rows' database is not the ledger's, the function's writes commit first, then the
 cursor: a crash between the two repeats that one batch (at least once, not exactly once).
+
+A batch that raises because the database was away (a dropped connection, a failover's
+read-only server: ``writes.transient``) rolled back whole; it is tried again on a new
+connection (SPEC §9k), and when the database stays away, the job's attempt fails and the job
+is retried by its kind's policy: the backfill stays ``running``. Any other error is the
+batch's own: the backfill is ``failed`` at its cursor, for an operator to resume.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import Count, F, Max, Min
 from django.utils import timezone
 
@@ -31,10 +45,11 @@ from .. import telemetry
 from ..errors import Concluded
 from ..ledger.kinds import JobKind
 from ..ledger.limits import RateLimit
-from ..runtime import context
+from ..ledger.retry import RetryPolicy
+from ..runtime import context, writes
 from ..runtime.limits import acquire
 from ..tables.backfills import Backfill, BackfillState
-from .control import PREFIX
+from .control import ATTEMPTS, PREFIX
 from .declared import BackfillSpec, get
 
 log = logging.getLogger("feishu_inbox.backfills")
@@ -47,6 +62,10 @@ BURST = 2
 RATE_SMOOTHING = 0.2
 #: The error types a backfill's job may end with (kept on the job).
 UNDECLARED, FAILED = "BackfillUnknown", "BackfillFailed"
+#: A backfill's job whose attempt failed because the database stayed away comes back within
+#: a minute of it, however many attempts its long life has spent (killed workers spend them
+#: too): the site's policy would wait up to an hour.
+POLICY = RetryPolicy(attempts=ATTEMPTS, backoff="exponential", delay=1.0, max_delay=60.0)
 
 
 @dataclass(frozen=True)
@@ -160,17 +179,23 @@ def run(event: context.Event) -> None:
     rate = spec.batches_rate
     template = f"{PREFIX}{name}".replace("{", "{{").replace("}", "}}")  # a key, not fields
     limit = RateLimit(template, rate, burst=BURST) if rate else None
+    rows_alias = router.db_for_write(spec.queryset().model)
     while True:
         ctx.ensure_alive()
-        row = Backfill.objects.filter(name=name).first()
+        row = writes.write(
+            ctx, f"read backfill {name!r} for", lambda _: Backfill.objects.filter(name=name).first()
+        )
         if row is None or row.run != run_number or row.state != BackfillState.RUNNING:
             return
         if limit is not None:
             acquire([limit])
         try:
-            batch = run_batch(spec, row)
+            batch = _batch_through_blinks(ctx, spec, row, rows_alias)
         except Exception as exc:
-            _failed(row, exc)
+            if writes.transient(exc):  # the database stayed away: the executor fails the
+                raise  # attempt and the job is retried (POLICY); the backfill stays running
+            if not _failed(row, exc):  # another worker's batch landed first: this one's
+                continue  # error may be its stale view; the next read of the row says
             raise Concluded(FAILED, f"Backfill {name!r}: its batch raised {exc!r}.") from exc
         if batch.stopped:  # paused, cancelled, run again, or a batch landed meanwhile (a
             continue  # zombie's): the loop's next read of the row says which
@@ -179,12 +204,61 @@ def run(event: context.Event) -> None:
             return
 
 
-def _failed(row: Backfill, exc: BaseException) -> None:
-    """The batch rolled back; the backfill waits for an operator (resume once fixed)."""
-    log.exception("backfill %s: a batch raised; it is failed at its cursor", row.name)
-    Backfill.objects.filter(pk=row.pk, run=row.run, state=BackfillState.RUNNING).update(
-        state=BackfillState.FAILED, error=f"{type(exc).__name__}: {exc}"[:4000]
-    )
+def _batch_through_blinks(
+    ctx: context.JobContext, spec: BackfillSpec, row: Backfill, rows_alias: str
+) -> Batch:
+    """``run_batch``, tried again on new connections while the database is away (SPEC
+    §9k). It is safe to: the batch rolled back whole, or its commit landed and only the reply
+    was lost, and then the retry's claim finds the batch count moved and stops.
+
+    Tried for one lease's length at most, and not past the lease: an error the database keeps
+    raising while the worker's heartbeat renews the lease is likely the statement's own (SQLite
+    raises "no such column" as an ``OperationalError`` too), and goes to the executor, which
+    fails the attempt; the job is retried by ``POLICY``."""
+    delay = writes.RETRY_FIRST_DELAY
+    give_up = time.monotonic() + ctx.lease_seconds
+    while True:
+        try:
+            return run_batch(spec, row)
+        except (DatabaseError, InterfaceError) as exc:
+            if not writes.transient(exc):
+                raise
+            writes.drop_connection()
+            if rows_alias != DEFAULT_DB_ALIAS:
+                _drop(rows_alias)
+            left = min(ctx.lease_left() - writes.LEASE_MARGIN, give_up - time.monotonic())
+            if left <= 0:
+                raise
+            log.warning(
+                "job %s: a backfill batch met the database away (%s); it is tried again",
+                ctx.event.job_id,
+                str(exc).strip() or type(exc).__name__,
+            )
+            telemetry.WRITE_RETRIES.inc()
+            time.sleep(min(delay, left))  # a backoff between tries, not a synchronisation
+            delay = min(delay * 2, writes.RETRY_LONGEST_DELAY)
+
+
+def _drop(alias: str) -> None:
+    """Close the rows' database's broken connection; the next query opens a new one."""
+    try:
+        connections[alias].close()
+    except (DatabaseError, InterfaceError):  # a dead connection may fail to close: gone
+        log.debug("closing a broken connection to %s failed", alias, exc_info=True)
+
+
+def _failed(row: Backfill, exc: BaseException) -> bool:
+    """The batch rolled back; the backfill waits for an operator (resume once fixed).
+    Fenced as the batch's claim is, on the batch count it read: False when another worker's
+    batch landed since (a zombie's error does not fail the live run)."""
+    failed = Backfill.objects.filter(
+        pk=row.pk, run=row.run, state=BackfillState.RUNNING, batches=row.batches
+    ).update(state=BackfillState.FAILED, error=f"{type(exc).__name__}: {exc}"[:4000])
+    if failed:
+        log.exception("backfill %s: a batch raised; it is failed at its cursor", row.name)
+    else:
+        log.warning("backfill %s: a stale batch raised %r; its run goes on", row.name, exc)
+    return bool(failed)
 
 
 #: Backfill runs, as a kind of job (registered in ``AppConfig.ready``).
@@ -193,5 +267,6 @@ BACKFILL_KIND = JobKind(
     "backfill runs",
     PREFIX,
     run=run,
+    policy=lambda event_type: POLICY,
     can_wait=False,
 )
