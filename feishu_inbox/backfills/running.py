@@ -38,7 +38,7 @@ from django.db import (
     router,
     transaction,
 )
-from django.db.models import Count, F, Max, Min
+from django.db.models import Count, F, IntegerField, Max, Min
 from django.utils import timezone
 
 from .. import telemetry
@@ -143,12 +143,17 @@ class Window(list[Any]):
 
 def _window(spec: BackfillSpec, queryset: Any) -> list[Any]:
     """The next batch after the cursor, by primary key: its keys (``takes="pks"``/``"rows"``),
-    or, for a queryset batch, its size and first and last key from one aggregate over the
-    window (``SELECT count, min, max FROM (… ORDER BY pk LIMIT n)``): the keys themselves
-    would be fetched and turned into Python objects for nothing."""
+    or, for a queryset batch, its size and first and last key. With an integer key, these are
+    one aggregate over the window (``SELECT count, min, max FROM (… ORDER BY pk LIMIT n)``):
+    the keys themselves would be fetched and turned into Python objects for nothing. Other
+    keys are fetched: PostgreSQL has no ``min``/``max`` of a UUID, and a key type a site
+    made may have none on either database."""
     window = queryset.order_by("pk")
-    if spec.takes != "queryset":
-        return list(window.values_list("pk", flat=True)[: spec.batch_size])
+    if spec.takes != "queryset" or not isinstance(queryset.model._meta.pk, IntegerField):
+        keys = list(window.values_list("pk", flat=True)[: spec.batch_size])
+        if spec.takes != "queryset" or not keys:
+            return keys
+        return Window(len(keys), keys[0], keys[-1])
     found = window.values("pk")[: spec.batch_size].aggregate(
         rows=Count("pk"), first=Min("pk"), last=Max("pk")
     )

@@ -1,6 +1,6 @@
 """Backfills at their edges, in one process: a batch that meets the database away (SPEC §9k:
-tried again, never the backfill's failure), and a zombie's error that must not fail the live
-run."""
+tried again, never the backfill's failure), a zombie's error that must not fail the live run,
+and a table keyed by UUID."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from feishu_inbox.backfills import running
 from feishu_inbox.models import EventJob
 from feishu_inbox.tables.backfills import Backfill
 from tests.conftest import is_postgres
-from tests.support import backfill_jobs, ledger_helpers
-from tests.support.backfill_cases import BLINKS
+from tests.support import backfill_cases, backfill_jobs, ledger_helpers
+from tests.support.backfill_cases import BLINKS, UuidRow
 from tests.support.backfill_jobs import Row
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,3 +111,14 @@ def test_a_stale_batch_that_raises_does_not_fail_the_run_another_worker_moved_on
     done = row_of("test.fill")
     assert (done.state, done.error, done.rows_done) == ("applied", "", 1500)
     assert counters() == {1: 1500}
+
+
+def test_a_table_keyed_by_uuid_is_walked_in_keyset_batches(table: Any) -> None:
+    backfill_cases.make_uuid_table()
+    UuidRow.objects.bulk_create([UuidRow() for _ in range(130)])
+    backfills.start("test.fill_uuid")
+    burst()
+    done = row_of("test.fill_uuid")
+    assert (done.state, done.rows_done, done.batches, done.error) == ("applied", 130, 4, "")
+    assert counters(UuidRow) == {1: 130}
+    assert done.cursor == str(max(UuidRow.objects.values_list("pk", flat=True)))
