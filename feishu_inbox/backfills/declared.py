@@ -113,6 +113,13 @@ class BackfillSpec:
             f"Backfill {self.name!r} walks a queryset or a model, not {type(source).__name__}."
         )
 
+    def write_alias(self) -> str:
+        """The database its batches read their keys from and write to: the queryset's own
+        (``.using()``), else the one the router sends the model's writes to; never a replica
+        the router reads from, whose lag would skip the rows it has not caught up with."""
+        # A queryset marked for writing names it, as Django's own ``update()`` finds it.
+        return self.queryset().select_for_update().db
+
     @property
     def batches_rate(self) -> float | None:
         """Batches per second (None: no limit)."""

@@ -30,14 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    DatabaseError,
-    InterfaceError,
-    connections,
-    router,
-    transaction,
-)
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections, transaction
 from django.db.models import Count, F, IntegerField, Max, Min
 from django.utils import timezone
 
@@ -88,8 +81,9 @@ def json_key(value: Any) -> Any:
 
 def run_batch(spec: BackfillSpec, row: Backfill) -> Batch:
     """One batch of ``row``'s run, in one transaction (see the module)."""
-    queryset = spec.queryset()
-    same_database = router.db_for_write(queryset.model) == DEFAULT_DB_ALIAS
+    alias = spec.write_alias()  # its keys too: a replica that lags would skip rows
+    queryset = spec.queryset().using(alias)
+    same_database = alias == DEFAULT_DB_ALIAS
     with transaction.atomic():
         now = timezone.now()
         mine = Backfill.objects.filter(
@@ -108,7 +102,7 @@ def run_batch(spec: BackfillSpec, row: Backfill) -> Batch:
         if same_database:
             _work(spec, queryset, keys)
         else:
-            with transaction.atomic(using=queryset.db):
+            with transaction.atomic(using=alias):
                 _work(spec, queryset, keys)
         done = timezone.now()
         rate = row.rate
@@ -165,13 +159,15 @@ def _work(spec: BackfillSpec, queryset: Any, keys: list[Any]) -> None:
     queryset over the keys' range (``pk BETWEEN first AND last``: a range scan, where a list
     of a thousand keys is a thousand probes; the source's own filters keep out what is not
     its). Rows another transaction inserted into the range since the keys were read are in
-    it too: they are below the cursor, so they are done once, by this batch."""
+    it too: they are below the cursor, so they are done once, by this batch. All of it on
+    the batch's database (``queryset``'s)."""
     if spec.takes == "pks":
         spec.work(keys)
     elif spec.takes == "rows":
-        spec.work(list(queryset.model._default_manager.filter(pk__in=keys).order_by("pk")))
+        rows = queryset.model._default_manager.using(queryset.db).filter(pk__in=keys)
+        spec.work(list(rows.order_by("pk")))
     else:
-        spec.work(spec.queryset().filter(pk__gte=keys[0], pk__lte=keys[-1]))
+        spec.work(spec.queryset().using(queryset.db).filter(pk__gte=keys[0], pk__lte=keys[-1]))
 
 
 def run(event: context.Event) -> None:
@@ -184,7 +180,7 @@ def run(event: context.Event) -> None:
     rate = spec.batches_rate
     template = f"{PREFIX}{name}".replace("{", "{{").replace("}", "}}")  # a key, not fields
     limit = RateLimit(template, rate, burst=BURST) if rate else None
-    rows_alias = router.db_for_write(spec.queryset().model)
+    rows_alias = spec.write_alias()
     while True:
         ctx.ensure_alive()
         row = writes.write(

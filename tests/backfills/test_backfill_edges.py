@@ -1,23 +1,28 @@
 """Backfills at their edges, in one process: a batch that meets the database away (SPEC §9k:
 tried again, never the backfill's failure), a zombie's error that must not fail the live run,
-and a table keyed by UUID."""
+a table keyed by UUID, and a router that sends the table's reads to a replica that lags (the
+batches read their keys where they write)."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import models
+from django.db import connection, connections, models
+from django.db.utils import load_backend
 from django.test import override_settings
 from django.utils import timezone
 
 from feishu_inbox import backfills
 from feishu_inbox.backfills import running
+from feishu_inbox.backfills.declared import BackfillSpec
 from feishu_inbox.models import EventJob
 from feishu_inbox.tables.backfills import Backfill
 from tests.conftest import is_postgres
@@ -122,3 +127,61 @@ def test_a_table_keyed_by_uuid_is_walked_in_keyset_batches(table: Any) -> None:
     assert (done.state, done.rows_done, done.batches, done.error) == ("applied", 130, 4, "")
     assert counters(UuidRow) == {1: 130}
     assert done.cursor == str(max(UuidRow.objects.values_list("pk", flat=True)))
+
+
+class RowReadsToTheReplica:
+    """A site's router: reads of the backfilled table go to the replica."""
+
+    def db_for_read(self, model: type[models.Model], **hints: Any) -> str | None:
+        return "replica" if model is Row else None
+
+
+@pytest.fixture
+def lagging_replica(table: Any, tmp_path: Path) -> Iterator[str]:
+    """The alias ``replica`` (this thread's connection), routed the table's reads, showing it
+    empty: a replica that has not caught up. On SQLite a file of its own; on PostgreSQL the
+    test database seen through a schema of its own (its ``search_path``) that holds an empty
+    copy of the table."""
+    conf = copy.deepcopy(connection.settings_dict)
+    if is_postgres():
+        with connection.cursor() as cur:
+            cur.execute("CREATE SCHEMA fi_lagging")
+            cur.execute(
+                f"CREATE TABLE fi_lagging.{backfill_jobs.TABLE} "
+                f"(LIKE public.{backfill_jobs.TABLE} INCLUDING ALL)"
+            )
+        conf["OPTIONS"] = {**conf.get("OPTIONS", {}), "options": "-c search_path=fi_lagging"}
+    else:
+        conf["NAME"] = str(tmp_path / "replica.sqlite3")
+    replica = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, "replica")
+    connections["replica"] = replica
+    try:
+        if not is_postgres():
+            with replica.schema_editor() as editor:
+                editor.create_model(Row)
+        with override_settings(DATABASE_ROUTERS=[RowReadsToTheReplica()]):
+            yield "replica"
+    finally:
+        replica.close()
+        del connections["replica"]
+        if is_postgres():
+            with connection.cursor() as cur:
+                cur.execute("DROP SCHEMA fi_lagging CASCADE")
+
+
+@pytest.mark.parametrize("name", ["test.fill", "test.explodes"])  # a queryset; model rows
+def test_a_batch_reads_its_keys_and_rows_where_it_writes_not_from_a_lagging_replica(
+    lagging_replica: str, name: str
+) -> None:
+    backfill_jobs.fill_table(1200)
+    assert not Row.objects.exists()  # the router's reads: the replica, behind
+    backfills.start(name)
+    spec = backfills.get(name)
+    assert spec is not None
+    while running.run_batch(spec, row_of(name)).rows:  # the test's thread: its connections
+        pass
+    assert row_of(name).rows_done == 1200
+    assert Counter(Row.objects.using("default").values_list("counter", flat=True)) == {1: 1200}
+    assert spec.write_alias() == "default"
+    pinned = BackfillSpec("x", Row.objects.using(lagging_replica), work=lambda batch: None)
+    assert pinned.write_alias() == lagging_replica  # a source's own .using() is kept
