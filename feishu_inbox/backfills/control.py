@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from ..conf import checked_settings
 from ..ledger import rules as ledger
 from ..tables.backfills import Backfill, BackfillState
 from .declared import BackfillSpec, declared, get
+from .gate import RequireBackfill, holds
 from .refusals import (
     BackfillApplied,
     BackfillEnvironment,
@@ -280,16 +282,34 @@ def status(name: str) -> Progress:
 
 def every() -> list[Progress]:
     """Each declared backfill (never started: ``pending``) and each started one."""
-    rows = {row.name: row for row in Backfill.objects.all()}
-    found = [progress(row) for row in rows.values()]
-    for name in declared():
-        if name not in rows:
-            found.append(
-                Progress(
-                    name, "pending", True, 0, None, 0.0, None, False, 0, None, None, None, "", ""
-                )
-            )
+    return _with_declared(list(Backfill.objects.all()))
+
+
+def _with_declared(rows: list[Backfill]) -> list[Progress]:
+    by_name = {row.name: row for row in rows}
+    found = [progress(row) for row in by_name.values()]
+    found += [never_started(name) for name in declared() if name not in by_name]
     return sorted(found, key=lambda p: p.name)
+
+
+def never_started(name: str) -> Progress:
+    """A backfill with no row: declared and never started (or only named by a migration)."""
+    return Progress(
+        name=name,
+        state="pending",
+        declared=get(name) is not None,
+        rows_done=0,
+        total_estimate=None,
+        rate=0.0,
+        eta_seconds=None,
+        stalled=False,
+        run=0,
+        started_at=None,
+        last_batch_at=None,
+        finished_at=None,
+        environment="",
+        error="",
+    )
 
 
 def stalled_error(p: Progress) -> BackfillStalled:
@@ -299,21 +319,72 @@ def stalled_error(p: Progress) -> BackfillStalled:
     )
 
 
-def pending() -> list[tuple[Progress, BackfillError]]:
-    """What stands between this deploy and its next migrations: each declared backfill that
-    is not applied while the migration that needs it is not applied yet (or that names no
-    such migration), and each stalled backfill; with the refusal that says why."""
-    applied = applied_migrations()
-    found: list[tuple[Progress, BackfillError]] = []
-    for p in every():
-        spec = get(p.name)
+@dataclass(frozen=True)
+class Gated:
+    """A backfill as the deploy gate reports it: declared and not applied, or stalled; and
+    the migration it holds back, if any."""
+
+    progress: Progress
+    #: A migration ``migrate`` would apply now that needs it and would refuse
+    #: (``app_label.0042_name``); "" when none does: nothing of this deploy waits for it.
+    blocks: str
+    #: ``backfill_pending`` when it blocks, ``backfill_stalled`` when stalled; else None.
+    error: BackfillError | None
+
+    def as_dict(self) -> dict[str, Any]:
+        found = {**self.progress.as_dict(), "blocks": self.blocks or None}
+        return {**found, **(self.error.as_dict() if self.error is not None else {})}
+
+
+def pending(alias: str = DEFAULT_DB_ALIAS) -> list[Gated]:
+    """What the deploy gate (``inbox backfills check``) reports about database ``alias``:
+    each declared backfill that is not applied and each stalled one, with the migration it
+    holds back. Only that blocks a deploy: a migration ``migrate`` would apply now (on disk,
+    not applied) needs it, by a ``RequireBackfill`` or as a declaration's ``before``, and
+    the gate in it would refuse (``gate.holds``). A backfill shipped ahead of the migration
+    that needs it (the deploy before that migration) blocks nothing."""
+    blocked = held_back(alias)
+    ledger = router.db_for_write(Backfill)
+    started = Backfill._meta.db_table in connections[ledger].introspection.table_names()
+    everyone = _with_declared(list(Backfill.objects.using(ledger)) if started else [])
+    seen = {p.name for p in everyone}
+    everyone += [never_started(name) for name in sorted(blocked) if name not in seen]
+    found: list[Gated] = []
+    for p in everyone:
+        blocks = blocked.get(p.name, "")
+        error: BackfillError | None = None
         if p.stalled:
-            found.append((p, stalled_error(p)))
+            error = stalled_error(p)
+        elif blocks:
+            state = "was never started" if p.state == "pending" else f"is {p.state}"
+            error = BackfillPending(
+                f"Backfill {p.name!r} {state}; migration {blocks}, to apply now, needs it "
+                "applied first."
+            )
+        elif p.state == BackfillState.APPLIED or not p.declared:
             continue
-        if p.state == BackfillState.APPLIED or spec is None:
-            continue
-        if spec.before is not None and spec.before in applied:
-            continue  # the migration that needed it is in: nothing waits on it
-        needed = f" before {'.'.join(spec.before)}" if spec.before else ""
-        found.append((p, BackfillPending(f"Backfill {p.name!r} is {p.state}{needed}.")))
+        found.append(Gated(p, blocks, error))
     return found
+
+
+def held_back(alias: str = DEFAULT_DB_ALIAS) -> dict[str, str]:
+    """Each backfill that holds back a migration ``migrate`` would apply now on ``alias``
+    (its whole plan, as ``migrate`` with no arguments), with the first such migration."""
+    executor = MigrationExecutor(connections[alias])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    befores: dict[tuple[str, str], list[str]] = {}
+    for spec in declared().values():
+        if spec.before is not None:
+            befores.setdefault(spec.before, []).append(spec.name)
+    blocked: dict[str, str] = {}
+    for migration, backwards in plan:
+        key = (migration.app_label, migration.name)
+        ops = [op for op in migration.operations if isinstance(op, RequireBackfill)]
+        needs = [(op.name, op.hints) for op in ops] + [(n, {}) for n in befores.get(key, [])]
+        if backwards or not needs:
+            continue
+        apps = executor.loader.project_state(key, at_end=False).apps
+        for name, hints in needs:
+            if name not in blocked and holds(name, key[0], alias, apps, hints) is not None:
+                blocked[name] = ".".join(key)
+    return blocked

@@ -1,12 +1,13 @@
 """``inbox backfills`` and ``inbox exports``: backfills from the shell (list, start, pause,
-resume, cancel, status, and ``check``, the deploy gate that exits 1 while a backfill is
-pending or stalled) and exports (list)."""
+resume, cancel, status, and ``check``, the deploy gate that exits 1 while a migration that
+``migrate`` would apply needs a backfill not applied yet) and exports (list)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import DEFAULT_DB_ALIAS
 
 from .operator import common_options, log
 from .webhooks import WebhookCommands
@@ -29,9 +30,16 @@ class BackfillCommands(WebhookCommands):
         listed = acts.add_parser("list", help="Every declared or started backfill, its progress.")
         listed.add_argument("--json", action="store_true")
         check = acts.add_parser(
-            "check", help="The deploy gate: exit 1 while a backfill is pending or stalled."
+            "check",
+            help="The deploy gate: exit 1 while a migration to apply needs a backfill not "
+            "applied yet; list the other pending or stalled backfills.",
         )
         check.add_argument("--json", action="store_true")
+        check.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="The database whose migrations to check, as migrate's (default: default).",
+        )
         for verb, what in (
             ("start", "Start a backfill from its first row (--force: run an applied one again)."),
             ("pause", "Pause it: its job stops before its next batch."),
@@ -58,7 +66,7 @@ class BackfillCommands(WebhookCommands):
         if action == "list":
             self._show(options, control.every())
         elif action == "check":
-            self._check(options, control.pending())
+            self._check(options, control.pending(options["database"]))
         elif action == "status":
             self._show(options, [control.status(options["name"])])
         else:
@@ -79,16 +87,22 @@ class BackfillCommands(WebhookCommands):
             self.stdout.write("No backfills declared.")
 
     def _check(self, options: dict[str, Any], found: list[Any]) -> None:
+        blocking = [g for g in found if g.blocks]
         if options["json"]:
-            self._print_json([{**p.as_dict(), **error.as_dict()} for p, error in found])
+            self._print_json([g.as_dict() for g in found])
         else:
-            for p, error in found:
-                self.stdout.write(f"{_progress_line(p)}\n  {error.described()}")
+            for g in found:
+                why = g.error.described() if g.error is not None else ""
+                if not g.blocks:
+                    why = "; ".join([*([why] if why else []), "holds back no migration to apply"])
+                self.stdout.write(f"{_progress_line(g.progress)}\n  {why}")
             if not found:
                 self.stdout.write("No backfill pending.")
-        if found:
-            names = ", ".join(p.name for p, _ in found)
-            raise CommandError(f"{len(found)} backfill(s) pending or stalled: {names}")
+        if blocking:
+            names = ", ".join(f"{g.progress.name} (for {g.blocks})" for g in blocking)
+            raise CommandError(
+                f"{len(blocking)} migration(s) to apply need a backfill not applied: {names}"
+            )
 
     def do_exports(self, options: dict[str, Any]) -> None:
         from feishu_inbox.tables.backfills import Export

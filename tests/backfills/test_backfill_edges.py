@@ -5,18 +5,15 @@ batches read their keys where they write)."""
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection, connections, models
-from django.db.utils import load_backend
+from django.db import models
 from django.test import override_settings
 from django.utils import timezone
 
@@ -132,41 +129,19 @@ def test_a_table_keyed_by_uuid_is_walked_in_keyset_batches(table: Any) -> None:
 class RowReadsToTheReplica:
     """A site's router: reads of the backfilled table go to the replica."""
 
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+
     def db_for_read(self, model: type[models.Model], **hints: Any) -> str | None:
-        return "replica" if model is Row else None
+        return self.replica if model is Row else None
 
 
 @pytest.fixture
-def lagging_replica(table: Any, tmp_path: Path) -> Iterator[str]:
-    """The alias ``replica`` (this thread's connection), routed the table's reads, showing it
-    empty: a replica that has not caught up. On SQLite a file of its own; on PostgreSQL the
-    test database seen through a schema of its own (its ``search_path``) that holds an empty
-    copy of the table."""
-    conf = copy.deepcopy(connection.settings_dict)
-    if is_postgres():
-        with connection.cursor() as cur:
-            cur.execute("CREATE SCHEMA fi_lagging")
-            cur.execute(
-                f"CREATE TABLE fi_lagging.{backfill_jobs.TABLE} "
-                f"(LIKE public.{backfill_jobs.TABLE} INCLUDING ALL)"
-            )
-        conf["OPTIONS"] = {**conf.get("OPTIONS", {}), "options": "-c search_path=fi_lagging"}
-    else:
-        conf["NAME"] = str(tmp_path / "replica.sqlite3")
-    replica = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, "replica")
-    connections["replica"] = replica
-    try:
-        if not is_postgres():
-            with replica.schema_editor() as editor:
-                editor.create_model(Row)
-        with override_settings(DATABASE_ROUTERS=[RowReadsToTheReplica()]):
-            yield "replica"
-    finally:
-        replica.close()
-        del connections["replica"]
-        if is_postgres():
-            with connection.cursor() as cur:
-                cur.execute("DROP SCHEMA fi_lagging CASCADE")
+def lagging_replica(other_database: str) -> Iterator[str]:
+    """``other_database`` as a replica that has not caught up (its table empty), the router
+    sending the table's reads to it."""
+    with override_settings(DATABASE_ROUTERS=[RowReadsToTheReplica(other_database)]):
+        yield other_database
 
 
 @pytest.mark.parametrize("name", ["test.fill", "test.explodes"])  # a queryset; model rows

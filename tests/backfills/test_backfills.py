@@ -5,6 +5,7 @@ are in ``test_backfill_workers.py``; ``migrate``'s refusal in ``test_migrate_gat
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -12,6 +13,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
@@ -214,22 +218,54 @@ def test_progress_eta_and_a_stall_past_its_window(table: Any) -> None:
     )
     p = control.status("test.fill")
     assert (p.eta_seconds, p.stalled) == (3.0, True)  # 600 s by default
-    found = dict((q.name, e) for q, e in backfills.pending())
-    assert found["test.fill"].code == "backfill_stalled"
+    found = {g.progress.name: g for g in backfills.pending()}
+    error = found["test.fill"].error
+    assert error is not None and error.code == "backfill_stalled"
+    assert not found["test.fill"].blocks  # reported; holds back no migration to apply
     Backfill.objects.filter(name="test.fill").update(stall_seconds=800)
     assert not control.status("test.fill").stalled
 
 
-def test_the_gate_lists_what_is_pending_and_exits_1_until_it_is_applied(
+def test_the_gate_lists_what_is_pending_and_exits_1_only_for_a_migration_to_apply_that_needs_it(
     table: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    backfill_jobs.fill_table(10)
-    with pytest.raises(CommandError, match="pending or stalled"):
-        call_command("inbox", "backfills", "check")
+    """``check`` blocks a deploy only when ``migrate`` would apply a migration that needs a
+    backfill not applied: the deploy that ships a backfill ahead of that migration passes."""
+    call_command("inbox", "backfills", "check")  # none names a migration to apply
     out = capsys.readouterr().out
-    assert "test.fill  pending" in out and "[backfill_pending]" in out
+    assert "test.fill  pending" in out and "holds back no migration to apply" in out
+    # A declaration whose ``before`` is on disk and not applied (as in the deploy that ships
+    # the NOT NULL migration): the recorder is the truth migrate reads, and is put back.
+    leaf = MigrationLoader(connection).graph.leaf_nodes("demo")[0]
+    recorder = MigrationRecorder(connection)
+    backfills.register(BackfillSpec("test.gate", Row, work=fill_counter, before=leaf))
+    recorder.record_unapplied(*leaf)
+    try:
+        call_command("inbox", "backfills", "check")  # nothing to fill yet: migrate would pass
+        assert "test.gate  pending" in capsys.readouterr().out
+        backfill_jobs.fill_table(10)
+        with pytest.raises(CommandError, match=rf"test\.gate \(for demo\.{leaf[1]}\)"):
+            call_command("inbox", "backfills", "check")
+        out = capsys.readouterr().out
+        assert "[backfill_pending] Backfill 'test.gate' was never started; migration " in out
+        with pytest.raises(CommandError):
+            call_command("inbox", "backfills", "check", "--json")
+        gated = {g["name"]: g for g in json.loads(capsys.readouterr().out)}
+        assert gated["test.gate"]["blocks"] == ".".join(leaf)
+        assert gated["test.fill"]["blocks"] is None
+        call_command("inbox", "backfills", "start", "test.gate")
+        burst()
+        capsys.readouterr()
+        call_command("inbox", "backfills", "check")
+        out = capsys.readouterr().out
+        assert "test.gate" not in out and "test.fill  pending" in out
+    finally:
+        recorder.record_applied(*leaf)
+        backfills.unregister("test.gate")
     for name in [n for n in backfills.declared() if n != "test.fill"]:
-        Backfill.objects.create(name=name, state="applied", started_at=timezone.now())
+        Backfill.objects.get_or_create(
+            name=name, defaults={"state": "applied", "started_at": timezone.now()}
+        )
     call_command("inbox", "backfills", "start", "test.fill")
     burst()
     call_command("inbox", "backfills", "check")
@@ -238,6 +274,10 @@ def test_the_gate_lists_what_is_pending_and_exits_1_until_it_is_applied(
     assert '"rows_done": 10' in capsys.readouterr().out
     with pytest.raises(CommandError, match=r"\[backfill_applied\]"):
         call_command("inbox", "backfills", "start", "test.fill")
+
+
+def fill_counter(batch: Any) -> None:
+    batch.update(counter=F("counter") + 1)
 
 
 def test_a_batch_that_lands_under_the_running_job_does_not_end_it(

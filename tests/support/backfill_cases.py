@@ -2,7 +2,9 @@
 UUID, and a backfill whose batches meet the database going away under them.
 
 ``UuidRow`` is a test table of the demo app (not in its migrations: ``make_uuid_table``
-creates it), walked by ``test.fill_uuid``. ``test.blinks`` walks ``backfill_jobs.Row`` and adds
+creates it), walked by ``test.fill_uuid``. ``LaterRow`` is a model whose column ``filled`` a
+later migration adds (``test.fill_later`` filters on it): its table as an earlier migration
+state has it lacks the column. ``test.blinks`` walks ``backfill_jobs.Row`` and adds
 one to each row's counter; each of its batches that finds a word in ``BLINKS`` takes it and,
 after its writes, meets:
 
@@ -48,6 +50,22 @@ def make_uuid_table() -> None:
         return
     with connection.schema_editor() as editor:
         editor.create_model(UuidRow)
+
+
+class LaterRow(models.Model):
+    filled = models.IntegerField(null=True)
+
+    class Meta:
+        app_label = "demo"
+        db_table = "fi_test_backfill_later_row"
+
+    def __str__(self) -> str:
+        return f"later row {self.pk}"
+
+
+@feishu_inbox.backfill("test.fill_later", LaterRow.objects.filter(filled=None))
+def fill_later(batch: Any) -> None:
+    batch.update(filled=1)
 
 
 @feishu_inbox.backfill("test.fill_uuid", UuidRow, batch_size=40)
