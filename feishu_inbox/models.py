@@ -258,6 +258,9 @@ class Partition(models.Model):
     head_due_at = models.DateTimeField(null=True, blank=True)
     #: The head's priority (0 when idle): the claim takes due heads by priority, then receipt.
     head_priority = models.SmallIntegerField(default=0, db_default=0)
+    #: The head's tenant ("" when idle, or a job of none): the claim shares the workers
+    #: between the tenants with due heads (SPEC §9j, fair claims).
+    head_tenant = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         # A row trigger on PostgreSQL (migration 0014), as EventJob's checks.
@@ -270,10 +273,11 @@ class Partition(models.Model):
         ]
         indexes = [
             # The claim (feishu_inbox_claim, claim_prefixed; claimable_heads on SQLite): the
-            # highest priority, then the lowest head, among claimable partitions, read in index
-            # order (cost ~ log(partitions), no sort).
+            # highest priority, then the lowest head, among one tenant's claimable partitions,
+            # read in index order (cost ~ log(partitions), no sort); the tenants that have
+            # claimable heads, one probe each (the fair claim, with several).
             models.Index(
-                fields=["-head_priority", "head_id"],
+                fields=["head_tenant", "-head_priority", "head_id"],
                 name="feishu_inbox_part_claimable",
                 condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT]),
             ),
@@ -548,5 +552,5 @@ class WorkerBeat(models.Model):
 from . import waiting as waiting  # noqa: E402  (Wait, Signal: SPEC §9e; this module is full)
 from .tables import backfills as backfills  # noqa: E402  (Backfill, Export: SPEC §9i)
 from .tables import batches as batches  # noqa: E402  (Batch, BatchEvent: SPEC §9f)
-from .tables import tenants as tenants  # noqa: E402  (AppCredential: SPEC §9j)
+from .tables import tenants as tenants  # noqa: E402  (AppCredential, TenantWeight: SPEC §9j)
 from .tables import turns as turns  # noqa: E402  (TurnCleanup: SPEC §9g)

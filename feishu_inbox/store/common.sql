@@ -16,10 +16,11 @@ UPDATE {partition} SET
     head_id = head.id,
     head_state = COALESCE(head.status, '{idle}'),
     head_due_at = head.available_at,
-    head_priority = COALESCE(head.priority, 0)
+    head_priority = COALESCE(head.priority, 0),
+    head_tenant = COALESCE(head.tenant, '')
 FROM (SELECT NULL) AS anchor
 LEFT JOIN (
-    SELECT id, status, available_at, priority FROM {job}
+    SELECT id, status, available_at, priority, tenant FROM {job}
     WHERE partition_key = %(partition_key)s AND {unresolved}
     ORDER BY partition_key, id LIMIT 1
 ) AS head ON TRUE
@@ -548,10 +549,11 @@ UPDATE {partition} SET
     head_id = head.id,
     head_state = COALESCE(head.status, '{idle}'),
     head_due_at = head.available_at,
-    head_priority = COALESCE(head.priority, 0)
+    head_priority = COALESCE(head.priority, 0),
+    head_tenant = COALESCE(head.tenant, '')
 FROM (SELECT NULL) AS anchor
 LEFT JOIN (
-    SELECT id, status, available_at, priority FROM {job}
+    SELECT id, status, available_at, priority, tenant FROM {job}
     WHERE partition_key = %(partition_key)s AND {unresolved}
     ORDER BY partition_key, id LIMIT 1
 ) AS head ON TRUE

@@ -40,7 +40,7 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_enqueue: as in 0037_tenants.sql (migration 0037_tenants).
+-- feishu_inbox_enqueue: as in 0039_fair_claims.sql (migration 0039_fair_claims).
 --
 -- (0006:) feishu_inbox_enqueue also notifies for a private message, so the worker running its
 -- chat's job looks for the newer message at once.
@@ -55,6 +55,7 @@ $$;
 -- (0022:) it also returns the job's received_at (the stored one, or the duplicate's).
 -- (0025:) it stores p_trace_parent, the enqueuing caller's trace context (tracing.py).
 -- (0037:) it stores p_tenant (SPEC §9j), and dedupe keys are unique per (app, tenant).
+-- (0039:) set_first_head also sets the partition's head_tenant (the fair claim's).
 CREATE OR REPLACE FUNCTION feishu_inbox_enqueue(
     p_app text, p_event_id text, p_event_type text, p_dedupe text, p_key text,
     p_private boolean, p_payload jsonb, p_max_attempts integer,
@@ -98,7 +99,8 @@ BEGIN
     END IF;
     IF v_head IS NULL THEN
         -- set_first_head
-        UPDATE {partition} SET head_id = v_id, head_state = '{queued}', head_due_at = now()
+        UPDATE {partition} SET head_id = v_id, head_state = '{queued}', head_due_at = now(),
+            head_tenant = p_tenant
         WHERE key = p_key;
     END IF;
     -- notify: a new head is claimable; a private message may supersede the chat's running
@@ -112,8 +114,8 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_end_attempt: as in 0015_end_attempt_statements.sql (migration
--- 0015_end_attempt_statements).
+-- feishu_inbox_end_attempt: as in 0039_fair_claims.sql (migration 0039_fair_claims); its
+-- statements as 0015_end_attempt_statements.sql made them.
 --
 -- (0006:) feishu_inbox_end_attempt records the lease token on the attempt's history row, so a
 -- worker that retries the end of its attempt after a lost reply can find that its first try
@@ -148,6 +150,7 @@ $$;
 --   the partition idle (the LEFT JOIN gives one row of NULLs). The head lookup is the same
 --   query, with the same plan (tests/store/test_plans.py).
 -- The lock order is unchanged: the partition row first, then the job's.
+-- (0039:) the head lookup also reads the new head's tenant (head_tenant: the fair claim's).
 CREATE OR REPLACE FUNCTION feishu_inbox_end_attempt(
     p_id bigint, p_worker text, p_token text, p_key text, p_fail boolean,
     p_error_type text, p_error_message text, p_max_attempts integer, p_retry_in float8
@@ -212,10 +215,11 @@ BEGIN
     -- backlog to find another chat's head (bench/claim_backlog.py: 34 ms a job). A range
     -- leaves the primary key no such order, so every plan reads the partial index
     -- (tests/test_plans.py holds it with such statistics at 200,000 waiting jobs).
-    UPDATE {partition} SET (head_id, head_state, head_due_at, head_priority) = (
-        SELECT h.id, COALESCE(h.status, '{idle}'), h.available_at, COALESCE(h.priority, 0)
+    UPDATE {partition} SET (head_id, head_state, head_due_at, head_priority, head_tenant) = (
+        SELECT h.id, COALESCE(h.status, '{idle}'), h.available_at, COALESCE(h.priority, 0),
+               COALESCE(h.tenant, '')
         FROM (SELECT) AS one LEFT JOIN LATERAL (
-            SELECT j.id, j.status, j.available_at, j.priority
+            SELECT j.id, j.status, j.available_at, j.priority, j.tenant
             FROM {job} j
             WHERE j.partition_key >= p_key AND j.partition_key <= p_key
               AND NOT (j.status = '{completed}')
@@ -228,7 +232,12 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim: as in 0033_claim_by_id.sql (migration 0033_claim_by_id).
+-- feishu_inbox_claim: as in 0039_fair_claims.sql (migration 0039_fair_claims).
+--
+-- (0039:) two probes of the claimable index, which leads with the head's tenant now: with
+-- several tenants claimable, feishu_inbox_claim_fair claims; with one, its heads as below
+-- (the index read in the same order, `head_tenant = v_tenant` its first column). p_limit
+-- below 1 claims nothing, as before; the second branch is every limit above 1.
 --
 -- (0033:) its jobs are updated by primary key (a scalar subquery, an array), never through
 -- a join the status index may serve (see 0033_claim_by_id.sql).
@@ -257,14 +266,35 @@ CREATE OR REPLACE FUNCTION feishu_inbox_claim(
     p_worker text, p_token text, p_lease float8, p_limit integer
 ) RETURNS SETOF {job} LANGUAGE plpgsql
 SET enable_sort = off SET enable_seqscan = off AS $$
+DECLARE
+    v_tenant text;
 BEGIN
-    -- claimable_heads, claim_partitions and claim_jobs in one statement. The two branches
-    -- differ only in their LIMIT.
+    IF p_limit < 1 THEN
+        RETURN;
+    END IF;
+    -- claimable_tenant: the first tenant with claimable heads, the claimable index's first
+    -- entry (none: nothing to claim); another_tenant: one more. With several, the fair
+    -- claim shares the slots between them; with one (a site without tenants), its heads are
+    -- taken in index order, as before.
+    SELECT head_tenant INTO v_tenant FROM {partition}
+    WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {partition}
+               WHERE head_state IN {claimable} AND head_tenant > v_tenant) THEN
+        RETURN QUERY SELECT * FROM feishu_inbox_claim_fair(p_worker, p_token, p_lease, p_limit,
+                                                           NULL, FALSE);
+        RETURN;
+    END IF;
+    -- claimable_heads (of the one tenant), claim_partitions and claim_jobs in one statement.
+    -- The two branches differ only in their LIMIT.
     IF p_limit = 1 THEN
         RETURN QUERY
         WITH picked AS (
             SELECT key, head_id FROM {partition}
-            WHERE head_state IN {claimable} AND head_due_at <= now()
+            WHERE head_state IN {claimable} AND head_tenant = v_tenant
+              AND head_due_at <= now()
             ORDER BY head_priority DESC, head_id LIMIT 1
             FOR UPDATE SKIP LOCKED
         ), part AS (
@@ -277,11 +307,12 @@ BEGIN
             error_type = '', error_message = '', cancel_requested = FALSE
         WHERE {job}.id = (SELECT head_id FROM picked) AND {job}.status IN {claimable}
         RETURNING {job}.*;
-    ELSIF p_limit > 1 THEN
+    ELSE
         RETURN QUERY
         WITH picked AS (
             SELECT key, head_id FROM {partition}
-            WHERE head_state IN {claimable} AND head_due_at <= now()
+            WHERE head_state IN {claimable} AND head_tenant = v_tenant
+              AND head_due_at <= now()
             ORDER BY head_priority DESC, head_id LIMIT p_limit
             FOR UPDATE SKIP LOCKED
         ), part AS (
@@ -301,7 +332,8 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim_prefixed: as in 0033_claim_by_id.sql (migration 0033_claim_by_id).
+-- feishu_inbox_claim_prefixed: as in 0039_fair_claims.sql (migration 0039_fair_claims): the
+-- same probes and fair claim as feishu_inbox_claim's (0039), the fair one in the queues.
 -- (0033:) its jobs updated by primary key, as feishu_inbox_claim's.
 --
 -- (0010:) a claim for a worker that runs some queues of django.tasks tasks only
@@ -321,14 +353,35 @@ CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
     p_excluding boolean DEFAULT FALSE
 ) RETURNS SETOF {job} LANGUAGE plpgsql
 SET enable_sort = off SET enable_seqscan = off AS $$
+DECLARE
+    v_tenant text;
 BEGIN
-    -- claimable_heads_in_queues, claim_partitions and claim_jobs in one statement. The two
-    -- branches differ only in their LIMIT.
+    IF p_limit < 1 THEN
+        RETURN;
+    END IF;
+    -- claimable_tenant: the first tenant with claimable heads, the claimable index's first
+    -- entry (none: nothing to claim); another_tenant: one more. With several, the fair
+    -- claim shares the slots between them; with one (a site without tenants), its heads are
+    -- taken in index order, as before.
+    SELECT head_tenant INTO v_tenant FROM {partition}
+    WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {partition}
+               WHERE head_state IN {claimable} AND head_tenant > v_tenant) THEN
+        RETURN QUERY SELECT * FROM feishu_inbox_claim_fair(p_worker, p_token, p_lease, p_limit,
+                                                           p_prefixes, p_excluding);
+        RETURN;
+    END IF;
+    -- claimable_heads_in_queues (of the one tenant), claim_partitions and claim_jobs in one
+    -- statement. The two branches differ only in their LIMIT.
     IF p_limit = 1 THEN
         RETURN QUERY
         WITH picked AS (
             SELECT p.key, p.head_id FROM {partition} p
-            WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+            WHERE p.head_state IN {claimable} AND p.head_tenant = v_tenant
+              AND p.head_due_at <= now()
               -- the one difference from feishu_inbox_claim: the key starts with a prefix
               -- (p_excluding: with none of them)
               AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
@@ -345,11 +398,12 @@ BEGIN
             error_type = '', error_message = '', cancel_requested = FALSE
         WHERE {job}.id = (SELECT head_id FROM picked) AND {job}.status IN {claimable}
         RETURNING {job}.*;
-    ELSIF p_limit > 1 THEN
+    ELSE
         RETURN QUERY
         WITH picked AS (
             SELECT p.key, p.head_id FROM {partition} p
-            WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+            WHERE p.head_state IN {claimable} AND p.head_tenant = v_tenant
+              AND p.head_due_at <= now()
               -- the one difference from feishu_inbox_claim: the key starts with a prefix
               -- (p_excluding: with none of them)
               AND EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
@@ -368,6 +422,78 @@ BEGIN
           AND {job}.status IN {claimable}
         RETURNING {job}.*;
     END IF;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- feishu_inbox_claim_fair: as in 0039_fair_claims.sql (migration 0039_fair_claims), where it
+-- is new: the claim while several tenants have claimable heads (feishu_inbox_claim and
+-- feishu_inbox_claim_prefixed call it; p_prefixes NULL: every queue).
+CREATE OR REPLACE FUNCTION feishu_inbox_claim_fair(
+    p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[],
+    p_excluding boolean
+) RETURNS SETOF {job} LANGUAGE plpgsql
+SET enable_seqscan = off AS $$
+BEGIN
+    -- claimable_heads_fair, claim_partitions and claim_jobs in one statement:
+    -- * tenants: each tenant with claimable heads, one probe of the claimable index each
+    --   (a loose index scan: the next tenant after the one found);
+    -- * running: each tenant's running jobs (the status index's running entries: as many
+    --   as the workers' slots and buffers);
+    -- * candidates: each tenant's first p_limit due heads in its own order (priority, then
+    --   receipt), the k-th of tenant t with the share (running_t + k) / weight_t;
+    -- * picked: the p_limit candidates of the lowest share (ties: priority, then the older
+    --   head), locked as the plain claim locks them (others' rows skipped).
+    -- A tenant's heads keep their order among themselves, and a chat has one head: no chat
+    -- is ever reordered.
+    RETURN QUERY
+    WITH RECURSIVE tenants (tenant) AS (
+        (SELECT p.head_tenant FROM {partition} p WHERE p.head_state IN {claimable}
+         ORDER BY p.head_tenant LIMIT 1)
+        UNION ALL
+        SELECT (SELECT p.head_tenant FROM {partition} p
+                WHERE p.head_state IN {claimable} AND p.head_tenant > t.tenant
+                ORDER BY p.head_tenant LIMIT 1)
+        FROM tenants t WHERE t.tenant IS NOT NULL
+    ), running AS (
+        SELECT j.tenant, count(*) AS n FROM {job} j
+        WHERE j.status = '{running}' GROUP BY j.tenant
+    ), candidates AS (
+        SELECT h.key, (COALESCE(r.n, 0) + h.rank) / COALESCE(w.weight, 1.0) AS share
+        FROM tenants t
+        CROSS JOIN LATERAL (
+            SELECT c.key, row_number() OVER (ORDER BY c.head_priority DESC, c.head_id) AS rank
+            FROM (
+                SELECT p.key, p.head_priority, p.head_id FROM {partition} p
+                WHERE p.head_state IN {claimable} AND p.head_tenant = t.tenant
+                  AND p.head_due_at <= now()
+                  AND (p_prefixes IS NULL
+                       OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
+                                  WHERE left(p.key, length(q.prefix)) = q.prefix)
+                          <> p_excluding)
+                ORDER BY p.head_priority DESC, p.head_id LIMIT p_limit
+            ) c
+        ) h
+        LEFT JOIN running r ON r.tenant = t.tenant
+        LEFT JOIN {tenant_weight} w ON w.tenant = t.tenant
+        WHERE t.tenant IS NOT NULL
+    ), picked AS (
+        SELECT p.key, p.head_id FROM {partition} p JOIN candidates c ON c.key = p.key
+        WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+        ORDER BY c.share, p.head_priority DESC, p.head_id LIMIT p_limit
+        FOR UPDATE OF p SKIP LOCKED
+    ), part AS (
+        UPDATE {partition} SET head_state = '{running}' FROM picked
+        WHERE {partition}.key = picked.key
+    )
+    UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+        worker_id = p_worker, lease_token = p_token,
+        lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+        error_type = '', error_message = '', cancel_requested = FALSE
+    WHERE {job}.id = ANY (ARRAY(SELECT head_id FROM picked))
+      AND {job}.status IN {claimable}
+    RETURNING {job}.*;
 END
 $$;
 
@@ -425,11 +551,11 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_end_attempts: as in 0028_finish_batch_sets.sql (migration 0028_finish_batch_sets),
--- where it is new, with the setting of 0029_end_attempts_by_key.sql (migration
--- 0029_end_attempts_by_key): the finishes of a worker's batch (feishu_inbox_finish_batch) in three
--- statements whatever their number, each fenced on its own as by feishu_inbox_end_attempt,
--- in the same lock order and with the same history rows; their plans always generic (planned
+-- feishu_inbox_end_attempts: as in 0039_fair_claims.sql (migration 0039_fair_claims); new in
+-- 0028_finish_batch_sets.sql, with the setting of 0029_end_attempts_by_key.sql (migration
+-- 0029_end_attempts_by_key); (0039:) its head lookup also reads the head's tenant. The
+-- finishes of a worker's batch (feishu_inbox_finish_batch) in three statements whatever their
+-- number, each fenced on its own as by feishu_inbox_end_attempt, in the same lock order and with the same history rows; their plans always generic (planned
 -- with the arrays' values they were planned again on every call: a busy chat's batches of
 -- one cost PostgreSQL about 200 µs more). Returns each finish's status at its place in p_ids.
 -- (0029_end_attempts_by_key.sql:) planned with enable_seqscan off, as the claim is: generic
@@ -496,10 +622,11 @@ BEGIN
     -- feishu_inbox_job_unresolved: the key as a range of one value), in a statement of its
     -- own: its snapshot sees the finishes above.
     IF v_ids IS NOT NULL THEN
-        UPDATE {partition} p SET (head_id, head_state, head_due_at, head_priority) = (
-            SELECT h.id, COALESCE(h.status, '{idle}'), h.available_at, COALESCE(h.priority, 0)
+        UPDATE {partition} p SET (head_id, head_state, head_due_at, head_priority, head_tenant) = (
+            SELECT h.id, COALESCE(h.status, '{idle}'), h.available_at, COALESCE(h.priority, 0),
+                   COALESCE(h.tenant, '')
             FROM (SELECT) AS one LEFT JOIN LATERAL (
-                SELECT j.id, j.status, j.available_at, j.priority
+                SELECT j.id, j.status, j.available_at, j.priority, j.tenant
                 FROM {job} j
                 WHERE j.partition_key >= p.key AND j.partition_key <= p.key
                   AND NOT (j.status = '{completed}')

@@ -20,6 +20,7 @@ from ..models import (
     Step,
 )
 from ..tables.batches import Batch, BatchEvent
+from ..tables.tenants import TenantWeight
 from ..waiting import Signal, Wait
 
 JOB_TABLE = EventJob._meta.db_table
@@ -34,6 +35,7 @@ WAIT_TABLE = Wait._meta.db_table
 SIGNAL_TABLE = Signal._meta.db_table
 BATCH_TABLE = Batch._meta.db_table
 BATCH_EVENT_TABLE = BatchEvent._meta.db_table
+TENANT_WEIGHT_TABLE = TenantWeight._meta.db_table
 #: The LISTEN/NOTIFY channel a claimable head is announced on (PostgreSQL).
 NOTIFY_CHANNEL = "feishu_inbox"
 #: The NOTIFY payload saying a schedule was paused or resumed: workers look at their schedules
@@ -155,6 +157,7 @@ SQL_NAMES: dict[str, str] = {
     "signal": SIGNAL_TABLE,
     "batch": BATCH_TABLE,
     "batch_event": BATCH_EVENT_TABLE,
+    "tenant_weight": TENANT_WEIGHT_TABLE,
     "batches_notice": BATCHES_NOTICE,
     "channel": NOTIFY_CHANNEL,
     # statuses (the partition's head_state uses the same words, plus idle)

@@ -125,10 +125,22 @@ class SqliteStore(SqlStore):
         limit: int,
         keys: KeyFilter = EVERY_KEY,
     ) -> list[Row]:
-        if keys:  # a worker of some task queues only, or of all but some (tasks/)
-            heads = self.rows("claimable_heads_in_queues", {"limit": limit, **keys.params()})
+        if limit < 1:
+            return []
+        first = self.row("claimable_tenant", {})
+        if first is None:
+            return []
+        tenant = first["head_tenant"]
+        if self.row("another_tenant", {"tenant": tenant}) is not None:  # several: fair shares
+            every = {"prefixes": [], "excluding": True}  # no prefix, excluded: every partition
+            params = keys.params() if keys else every
+            heads = self.rows("claimable_heads_fair", {"limit": limit, **params})
+        elif keys:  # a worker of some task queues only, or of all but some (tasks/)
+            heads = self.rows(
+                "claimable_heads_in_queues", {"limit": limit, "tenant": tenant, **keys.params()}
+            )
         else:
-            heads = self.rows("claimable_heads", {"limit": limit})
+            heads = self.rows("claimable_heads", {"limit": limit, "tenant": tenant})
         if not heads:
             return []
         self.execute("claim_partitions", {"keys": [h["key"] for h in heads]})

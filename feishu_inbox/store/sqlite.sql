@@ -41,16 +41,54 @@ WHERE app = %(app)s AND tenant = %(tenant)s AND dedupe_key = %(dedupe_key)s
 -- An idle partition gets the new job as its head: only then is there new claimable work.
 -- Only on SQLite (PostgreSQL: inside feishu_inbox_enqueue()).
 UPDATE {partition} SET head_id = %(job_id)s, head_state = '{queued}',
-    head_due_at = (SELECT available_at FROM {job} WHERE id = %(job_id)s)
+    (head_due_at, head_tenant) = (SELECT available_at, tenant FROM {job} WHERE id = %(job_id)s)
 WHERE key = %(partition_key)s
 
+-- claimable_tenant --
+-- The first tenant with claimable heads (the partial index feishu_inbox_part_claimable's first
+-- entry); none: nothing to claim. Only on SQLite (PostgreSQL: inside feishu_inbox_claim()).
+SELECT head_tenant FROM {partition}
+WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1
+
+-- another_tenant --
+-- A tenant after it with claimable heads: several tenants share the slots (claimable_heads_fair).
+-- Only on SQLite (PostgreSQL: inside feishu_inbox_claim()).
+SELECT 1 AS found FROM {partition}
+WHERE head_state IN {claimable} AND head_tenant > %(tenant)s LIMIT 1
+
 -- claimable_heads --
--- The due claimable heads, highest priority first, then lowest receipt sequence (the partial
--- index feishu_inbox_part_claimable's order). Only on SQLite (PostgreSQL: feishu_inbox_claim(), with
--- FOR UPDATE SKIP LOCKED; a single writer has nothing to skip).
+-- The one claimable tenant's due heads, highest priority first, then lowest receipt sequence
+-- (the partial index feishu_inbox_part_claimable's order). Only on SQLite (PostgreSQL:
+-- feishu_inbox_claim(), with FOR UPDATE SKIP LOCKED; a single writer has nothing to skip).
 SELECT key, head_id FROM {partition}
-WHERE head_state IN {claimable} AND head_due_at <= now()
+WHERE head_state IN {claimable} AND head_tenant = %(tenant)s AND head_due_at <= now()
 ORDER BY head_priority DESC, head_id LIMIT %(limit)s
+
+-- claimable_heads_fair --
+-- While several tenants have claimable heads: the k-th due head of tenant t (in its own order:
+-- priority, then receipt) has the share (running_t + k) / weight_t, and the heads of the
+-- lowest shares are claimed (ties: priority, then the older head), as feishu_inbox_claim_fair
+-- does. Only in the queues of %(prefixes)s, or (%(excluding)s) outside them: every partition
+-- with no prefixes and excluding. Only on SQLite (PostgreSQL: feishu_inbox_claim_fair(), a
+-- probe per tenant; here every due head is ranked, as few as an embedded ledger holds).
+WITH running AS (
+    SELECT tenant, count(*) AS n FROM {job} WHERE status = '{running}' GROUP BY tenant
+), ranked AS (
+    SELECT {partition}.key AS key, head_id, head_priority, head_tenant,
+           row_number() OVER (PARTITION BY head_tenant
+                              ORDER BY head_priority DESC, head_id) AS rank
+    FROM {partition}
+    WHERE head_state IN {claimable} AND head_due_at <= now()
+      AND EXISTS (SELECT 1 FROM {prefixes} q
+                  WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix) <> %(excluding)s
+)
+SELECT ranked.key AS key, ranked.head_id AS head_id FROM ranked
+LEFT JOIN running ON running.tenant = ranked.head_tenant
+LEFT JOIN {tenant_weight} w ON w.tenant = ranked.head_tenant
+WHERE ranked.rank <= %(limit)s
+ORDER BY (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0),
+         ranked.head_priority DESC, ranked.head_id
+LIMIT %(limit)s
 
 -- claim_partitions --
 -- Their partitions are running now. Only on SQLite (PostgreSQL: feishu_inbox_claim()).
@@ -138,12 +176,12 @@ RETURNING id
 UPDATE {job} SET has_steps = TRUE WHERE id = %(job_id)s AND NOT has_steps
 
 -- claimable_heads_in_queues --
--- claimable_heads, for a worker of some queues only (runworker --queue): only partitions whose
+-- claimable_heads (of the one tenant), for a worker of some queues only (runworker --queue): only partitions whose
 -- key starts with one of the prefixes; %(excluding)s (runworker --exclude-queues): only those
 -- whose key starts with none of them. Only on SQLite (PostgreSQL:
 -- feishu_inbox_claim_prefixed()). The key is qualified: json_each has a column named key.
 SELECT {partition}.key, {partition}.head_id FROM {partition}
-WHERE head_state IN {claimable} AND head_due_at <= now()
+WHERE head_state IN {claimable} AND head_tenant = %(tenant)s AND head_due_at <= now()
   AND EXISTS (SELECT 1 FROM {prefixes} q
               WHERE substr({partition}.key, 1, length(q.prefix)) = q.prefix) <> %(excluding)s
 ORDER BY head_priority DESC, head_id LIMIT %(limit)s

@@ -1,4 +1,11 @@
-"""A store (ISV) app's credentials, shared by every worker through the ledger (SPEC §9j).
+"""Tenants' rows of the ledger (SPEC §9j): their weights in the fair claim, and a store (ISV)
+app's credentials, shared by every worker through the ledger.
+
+A tenant's weight (``TenantWeight``; 1 without a row) is its share of the workers' slots
+while several tenants have due work: the claim gives the next slot to the tenant with the
+fewest running jobs per weight (``store/functions/0039_fair_claims.sql``).
+
+A store app's credentials:
 
 One row per (app, kind, tenant): the app's newest ``app_ticket`` (kind ``ticket``, which
 Feishu pushes about every hour), its ``app_access_token`` (``app``) and each tenant's
@@ -42,3 +49,26 @@ class AppCredential(models.Model):
 
     def __str__(self) -> str:  # never the value
         return f"{self.app} {self.kind} {self.tenant}".strip()
+
+
+class TenantWeight(models.Model):
+    """A tenant's share of the workers while several tenants have due work (1: an equal one)."""
+
+    tenant = models.CharField(max_length=64, primary_key=True)
+    weight = models.FloatField(
+        default=1.0,
+        help_text="Its share of the slots against other tenants with due work (1 is equal; "
+        "2 takes twice as many).",
+    )
+
+    class Meta:
+        verbose_name = "tenant weight"
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(weight__gt=0) & models.Q(weight__lte=1000),
+                name="feishu_inbox_tenant_weight_range",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant or '(none)'}: {self.weight:g}"

@@ -256,9 +256,11 @@ def test_explain_claim_uses_the_partition_index_not_a_backlog_scan() -> None:
         cur.execute("SET enable_seqscan = off")  # tiny tables: ask what the plan can use
         cur.execute(
             f"EXPLAIN SELECT key, head_id FROM {PARTITION_TABLE} "
-            f"WHERE head_state IN ('queued', 'retry_wait') AND head_due_at <= now() "
+            f"WHERE head_state IN ('queued', 'retry_wait') AND head_tenant = '' "
+            "AND head_due_at <= now() "
             # the claim's order since 0013 (feishu_inbox_claim): by head_id alone, the index's
-            # order did not serve it, and on some statistics a sort of the due heads won
+            # order did not serve it, and on some statistics a sort of the due heads won; of
+            # the one claimable tenant since 0039
             "ORDER BY head_priority DESC, head_id LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         plan = "\n".join(r[0] for r in cur.fetchall())

@@ -222,7 +222,9 @@ def test_cached_plans_of_a_batchs_finishes_find_rows_by_key(statistics: str) -> 
                 (
                     _plan_of(plans, "FROM feishu_inbox_partition WHERE key = ANY"),
                     _plan_of(plans, "WITH ended AS (UPDATE"),
-                    _plan_of(plans, "SET (head_id, head_state, head_due_at, head_priority)"),
+                    _plan_of(
+                        plans, "SET (head_id, head_state, head_due_at, head_priority, head_tenant)"
+                    ),
                 )
             )
     finally:

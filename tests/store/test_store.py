@@ -121,8 +121,8 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029 and 0034 load their function
-    files; migrating back drops them (or restores their earlier versions), forward again
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029, 0034 and 0039 load their
+    function files; migrating back drops them (or restores their earlier versions), forward again
     creates them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
@@ -142,6 +142,7 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         "feishu_inbox_job_check",
         "feishu_inbox_partition_check",
         "feishu_inbox_member_moved",
+        "feishu_inbox_claim_fair",
     }
     row_checks = {"feishu_inbox_job_check", "feishu_inbox_partition_check"}
 
@@ -164,6 +165,12 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
 
     def claim_prefixed_arguments() -> int:
         return arguments("feishu_inbox_claim_prefixed")
+
+    def body_of(function: str) -> str:
+        with connection.cursor() as cur:
+            cur.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [function])
+            [(body,)] = cur.fetchall()
+            return str(body)
 
     def end_attempt_merged() -> bool:
         """0015: the job's update and its history row are one statement."""
@@ -200,7 +207,15 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert check_constraints() == 0  # 0014: row triggers instead
     assert end_attempt_merged() and finish_batch_in_sets()
     assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
+    assert "feishu_inbox_claim_fair(" in body_of("feishu_inbox_claim")  # 0039: fair claims
     try:
+        call_command("migrate", "feishu_inbox", "0038", verbosity=0)
+        expected -= {"feishu_inbox_claim_fair"}  # new in 0039
+        assert functions() == expected and claim_settings() == forbidden
+        assert "claim_fair" not in body_of("feishu_inbox_claim")
+        assert "head_tenant" not in body_of("feishu_inbox_end_attempt")
+        assert "head_tenant" not in body_of("feishu_inbox_end_attempts")
+        assert "head_tenant" not in body_of("feishu_inbox_enqueue")
         call_command("migrate", "feishu_inbox", "0033", verbosity=0)
         expected -= {"feishu_inbox_member_moved"}  # new in 0034: the workflows' trigger
         assert functions() == expected
@@ -234,7 +249,9 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
         call_command("migrate", "feishu_inbox", verbosity=0)
     expected |= {"feishu_inbox_finish_batch", "feishu_inbox_end_attempts"}
     expected |= {"feishu_inbox_member_moved"}
+    expected |= {"feishu_inbox_claim_fair"}
     assert functions() == expected | row_checks and claim_settings() == forbidden
+    assert "head_tenant" in body_of("feishu_inbox_end_attempts")
     assert check_constraints() == 0 and end_attempt_merged() and finish_batch_in_sets()
     assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
     assert finish_together_arguments() == 9 and claim_prefixed_arguments() == 6

@@ -55,9 +55,9 @@ def status(job_id: int) -> str:
 
 
 def assert_mirror_consistent() -> None:
-    """Every partition row points at its first non-completed job and mirrors its state and
-    priority (0 when idle). Two queries, whatever the number of partitions: the model test
-    checks this after each of its ~2,400 steps."""
+    """Every partition row points at its first non-completed job and mirrors its state,
+    priority and tenant (0 and "" when idle). Two queries, whatever the number of partitions:
+    the model test checks this after each of its ~2,400 steps."""
     heads: dict[str, Any] = {}
     running: dict[str, int] = {}
     for job in EventJob.objects.exclude(status="completed").order_by("id"):
@@ -66,12 +66,13 @@ def assert_mirror_consistent() -> None:
     for part in Partition.objects.all():
         head = heads.get(part.key)
         if head is None:
-            idle = (part.head_id, part.head_state, part.head_priority)
-            assert idle == (None, "idle", 0), part.key
+            idle = (part.head_id, part.head_state, part.head_priority, part.head_tenant)
+            assert idle == (None, "idle", 0, ""), part.key
         else:
             assert part.head_id == head.pk, part.key
             assert part.head_state == head.status, part.key
             assert part.head_priority == head.priority, part.key
+            assert part.head_tenant == head.tenant, part.key
             if head.status in ("queued", "retry_wait"):
                 assert part.head_due_at == head.available_at, part.key
         assert running.get(part.key, 0) <= 1, part.key

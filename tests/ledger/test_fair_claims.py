@@ -1,0 +1,147 @@
+"""Fair claims (issue 53, SPEC §9j), in one process on both databases: while several tenants
+have due heads, a claim gives each slot to the tenant with the fewest running jobs per
+weight, each tenant's heads in their own order (priority, then receipt); with one tenant (a
+site without tenants) the claim is the plain one. Real workers under a flood are in
+``tests/runtime/test_fair_workers.py``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from feishu_inbox import ledger
+from feishu_inbox.ledger.rules import KeyFilter
+from feishu_inbox.models import EventJob, Partition
+from feishu_inbox.tables.tenants import TenantWeight
+from tests.support.ledger_helpers import assert_mirror_consistent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def flood(tenant: str, chats: int, per_chat: int, *, prefix: str = "chat") -> list[int]:
+    """``per_chat`` jobs in each of ``chats`` chats of ``tenant``, chat after chat."""
+    return [
+        ledger.enqueue(
+            event_id=f"{prefix}:{tenant}-{c}-{n}",
+            event_type="test.noop",
+            partition_key=f"{prefix}:{tenant}-{c}",
+            payload={},
+            tenant=tenant,
+        ).job_id
+        for n in range(per_chat)
+        for c in range(chats)
+    ]
+
+
+def tenants_of(jobs: list[ledger.ClaimedJob]) -> Counter[str]:
+    found = dict(EventJob.objects.filter(pk__in=[j.id for j in jobs]).values_list("id", "tenant"))
+    return Counter(found[j.id] for j in jobs)
+
+
+def chats_of(jobs: list[ledger.ClaimedJob]) -> list[str]:
+    return list(
+        EventJob.objects.filter(pk__in=[j.id for j in jobs]).values_list("partition_key", flat=True)
+    )
+
+
+def test_a_heavy_tenants_backlog_does_not_hold_back_a_light_one() -> None:
+    """A's 10 chats were all enqueued first; B's 3 chats come after. The plain order (oldest
+    head first) would give every slot to A until its backlog is gone; the fair claim gives
+    B its share at once, and B's chats run while A still has nearly all of its backlog."""
+    flood("a", 10, 20)
+    light = flood("b", 3, 2)
+    first = ledger.claim("w1", limit=6)
+    assert tenants_of(first) == {"a": 3, "b": 3}
+    # Now A and B run 3 each: the next slot goes to A (its 4th chat: share 4 against B's
+    # none left due: B's chats each have their head running).
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"a": 1}
+    running = [*first]
+    rounds = 0
+    while EventJob.objects.filter(pk__in=light).exclude(status="completed").exists():
+        for job in running:  # a round: what runs ends, six slots claim again
+            ledger.finish(job.lease)
+        running = ledger.claim("w1", limit=6)
+        rounds += 1
+        assert rounds < 10, "B's second jobs never came"
+    assert rounds == 2  # claimed by the first claim after their chats freed, ended by the next
+    assert EventJob.objects.filter(tenant="a").exclude(status="completed").count() >= 190
+    assert_mirror_consistent()
+
+
+def test_running_jobs_count_against_their_tenants_share() -> None:
+    """A already runs 4 jobs; B's new head is the next claim's, one slot at a time, though
+    A's due heads are older."""
+    flood("a", 8, 3)
+    running = ledger.claim("w1", limit=4)
+    assert tenants_of(running) == {"a": 4}
+    flood("b", 2, 1)
+    assert tenants_of(ledger.claim("w2", limit=1)) == {"b": 1}
+    assert tenants_of(ledger.claim("w2", limit=1)) == {"b": 1}
+    assert tenants_of(ledger.claim("w2", limit=1)) == {"a": 1}  # B has nothing due now
+
+
+def test_weights_give_a_tenant_its_share_of_the_slots() -> None:
+    """Weight 3 against 1: of 8 slots, A takes 6 and B 2 (shares k/3 against k: A's 1/3, 2/3,
+    1, 4/3, 5/3, 2 and B's 1, 2; ties to the older head, A's)."""
+    TenantWeight.objects.create(tenant="a", weight=3)
+    flood("a", 10, 2)
+    flood("b", 10, 2)
+    assert tenants_of(ledger.claim("w1", limit=8)) == {"a": 6, "b": 2}
+
+
+def test_a_tenants_heads_keep_their_order_and_no_chat_runs_twice() -> None:
+    """Within a tenant, priority then receipt, as the plain claim; one head per chat, so a
+    chat's second job is never claimed beside its first."""
+    a = flood("a", 4, 2)
+    b = flood("b", 4, 2)
+    claimed = ledger.claim("w1", limit=20)
+    assert sorted(j.id for j in claimed) == sorted(a[:4] + b[:4])  # the first job of each chat
+    by_tenant = [j.id for j in claimed if j.id in a]
+    assert by_tenant == sorted(by_tenant)
+    assert len(set(chats_of(claimed))) == len(claimed)
+
+
+def test_one_tenant_claims_in_the_plain_order() -> None:
+    """A site without tenants (every job of none, ""): the claim reads the claimable index in
+    order, oldest head first, whatever its size."""
+    ids = flood("", 5, 2)
+    claimed = ledger.claim("w1", limit=3)
+    assert [j.id for j in claimed] == ids[:3]
+    assert set(Partition.objects.values_list("head_tenant", flat=True)) == {""}
+
+
+def test_jobs_of_no_tenant_are_a_tenant_of_their_own() -> None:
+    """Site-wide work (tenant "") shares the slots with the tenants' work like any tenant."""
+    flood("", 6, 2)
+    flood("acme", 6, 2)
+    assert tenants_of(ledger.claim("w1", limit=6)) == {"": 3, "acme": 3}
+
+
+def test_a_worker_of_some_queues_claims_fairly_inside_them() -> None:
+    """``runworker --queue`` with several tenants: only its queues' partitions, shared between
+    the tenants; ``--exclude-queues``: every other one."""
+    flood("a", 4, 1, prefix="task:mail")
+    flood("b", 4, 1, prefix="task:mail")
+    flood("a", 4, 1, prefix="task:video")
+    mail = ledger.claim("w1", limit=4, keys=KeyFilter(("task:mail:",)))
+    assert tenants_of(mail) == {"a": 2, "b": 2}
+    assert {key.split(":")[1] for key in chats_of(mail)} == {"mail"}
+    other = ledger.claim("w2", limit=10, keys=KeyFilter(("task:mail:",), excluding=True))
+    assert {key.split(":")[1] for key in chats_of(other)} == {"video"}
+    assert tenants_of(other) == {"a": 4}
+
+
+def test_the_head_tenant_follows_the_head() -> None:
+    """A chat's row mirrors its head's tenant as heads change: set by the enqueue of an idle
+    chat, moved by each finish, "" when the chat is idle."""
+    ledger.enqueue(event_id="x1", event_type="t", partition_key="p", payload={}, tenant="a")
+    ledger.enqueue(event_id="x2", event_type="t", partition_key="p", payload={}, tenant="b")
+    assert Partition.objects.get(key="p").head_tenant == "a"
+    [job] = ledger.claim("w1")
+    ledger.finish(job.lease)
+    assert Partition.objects.get(key="p").head_tenant == "b"
+    [job] = ledger.claim("w1")
+    ledger.finish(job.lease)
+    assert Partition.objects.get(key="p").head_tenant == ""
+    assert_mirror_consistent()
