@@ -15,23 +15,26 @@ any other job. A worker that dies between a handler's return and its batch's com
 that job ``running``; its lease expires and it runs again, as after a crash before a single
 finish: its effects' records stand, so an effect that completed is not repeated.
 
-The buffer holds claimed jobs that wait for a slot. Its size follows the handlers' speed: as
-many jobs as the slots finish in one window (none for slow handlers: a job is never claimed to
-wait behind a long one), at most two batches (``2 * BATCH_SIZE``): once the slots have run as
-many buffered jobs as are left, the batch goes and its claims refill the buffer while the slots
-run the rest, so the database and the slots work side by side. Fast jobs stay on the slots
-already running (a thread woken for each costs every job a share of the GIL); a buffered job
-gets another free slot once no slot has taken from the buffer for a window (the busy ones are
-in slow jobs), or when the busy slots cannot run the buffer within a window. A buffered
-job that still waits after ``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is handed
-back, without spending an attempt, for any worker to take.
+The buffer holds claimed jobs that wait for a slot, in their claim's order; while it holds jobs
+of several tenants, a slot takes the first job of the tenant with the fewest jobs in it (the
+claim shared the slots between the tenants, SPEC §9j: a light tenant's job never waits behind a
+heavy tenant's buffered ones; each tenant's jobs keep their order). Its size follows the
+handlers' speed: as many jobs as the slots finish in one window (none for slow handlers: a job
+is never claimed to wait behind a long one), at most two batches (``2 * BATCH_SIZE``): once the
+slots have run as many buffered jobs as are left, the batch goes and its claims refill the
+buffer while the slots run the rest, so the database and the slots work side by side. Fast jobs
+stay on the slots already running (a thread woken for each costs every job a share of the GIL);
+a buffered job gets another free slot once no slot has taken from the buffer for a window (the
+busy ones are in slow jobs), or when the busy slots cannot run the buffer within a window. A
+buffered job that still waits after ``BUFFER_PATIENCE`` (every slot is stuck in a slow job) is
+handed back, without spending an attempt, for any worker to take.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from .. import tracing
@@ -70,6 +73,8 @@ class Batch:
         self._oldest: float | None = None
         #: Claimed jobs, each with when its claim was sent (monotonic).
         self._buffer: deque[tuple[ClaimedJob, float]] = deque()
+        #: How many buffered jobs each tenant has (a slot takes from the tenant of fewest).
+        self._tenants: Counter[str] = Counter()
         #: Running mean of the seconds a job holds its slot (None: none ran yet).
         self._job_seconds: float | None = None
         #: The main thread was woken to refill the buffer since the last batch was taken.
@@ -92,7 +97,7 @@ class Batch:
             self._job_seconds = (
                 entry.took if seconds is None else seconds + _NEWEST * (entry.took - seconds)
             )
-            following = self._buffer.popleft() if take_next and self._buffer else None
+            following = self._take() if take_next and self._buffer else None
             if following is not None:
                 self._progress = time.monotonic()
             full = len(self._ended) >= self.size
@@ -107,6 +112,27 @@ class Batch:
         ):
             self._wake.set()
         return following
+
+    def _take(self) -> tuple[ClaimedJob, float]:
+        """The next buffered job for a slot: the first, or with several tenants buffered the
+        first of the tenant with the fewest. The caller holds the lock; the buffer has one."""
+        tenants = self._tenants
+        if len(tenants) > 1:
+            fewest = min(tenants, key=tenants.__getitem__)
+            at = next(n for n, (job, _) in enumerate(self._buffer) if job.tenant == fewest)
+            item = self._buffer[at]
+            del self._buffer[at]
+        else:
+            item = self._buffer.popleft()
+        self._counted(item[0].tenant, -1)
+        return item
+
+    def _counted(self, tenant: str, change: int) -> None:
+        left = self._tenants[tenant] + change
+        if left > 0:
+            self._tenants[tenant] = left
+        else:
+            del self._tenants[tenant]
 
     def _refill_due(self) -> bool:
         """The slots have run as many buffered jobs as are left: the batch goes now, so its
@@ -187,13 +213,14 @@ class Batch:
             if not self._buffer:
                 self._progress = time.monotonic()
             self._buffer.extend(jobs)
+            self._tenants.update(job.tenant for job, _ in jobs)
 
     def next_buffered(self) -> tuple[ClaimedJob, float] | None:
         with self._lock:
             if not self._buffer:
                 return None
             self._progress = time.monotonic()
-            return self._buffer.popleft()
+            return self._take()
 
     def buffered(self) -> int:
         with self._lock:
@@ -208,6 +235,8 @@ class Batch:
             kept = deque(item for item in self._buffer if now - item[1] < patience)
             gone = [item for item in self._buffer if now - item[1] >= patience]
             self._buffer = kept
+            for job, _ in gone:
+                self._counted(job.tenant, -1)
         return gone
 
     def take_buffered(self) -> list[tuple[ClaimedJob, float]]:
@@ -216,4 +245,5 @@ class Batch:
         with self._lock:
             gone = list(self._buffer)
             self._buffer.clear()
+            self._tenants.clear()
         return gone

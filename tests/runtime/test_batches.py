@@ -154,6 +154,26 @@ def test_the_buffer_follows_the_handlers_speed_and_gives_back_what_waits() -> No
     assert batch.buffered() == 1
 
 
+def test_a_buffer_of_several_tenants_serves_the_one_with_fewest_first() -> None:
+    """The claim shared the slots between the tenants; the buffer keeps it so: a light
+    tenant's job is the next slot's, not behind the heavy tenant's buffered ones, and each
+    tenant's jobs keep their claim's order (SPEC §9j)."""
+    batch = Batch(1.0, 32, threading.Event())
+    heavy = [(_job_stub(n, "a"), 100.0) for n in (1, 2, 3, 4)]
+    batch.buffer([*heavy[:3], (_job_stub(9, "b"), 100.0), heavy[3]])  # type: ignore[list-item]
+    taken = [batch.next_buffered() for _ in range(5)]
+    assert [(j.id, j.tenant) for j, _ in taken] == [  # type: ignore[union-attr]
+        (9, "b"),
+        (1, "a"),
+        (2, "a"),
+        (3, "a"),
+        (4, "a"),
+    ]
+    one = Batch(1.0, 32, threading.Event())  # one tenant: the claim's order, as it was
+    one.buffer([(_job_stub(n), 100.0) for n in (5, 6, 7)])  # type: ignore[misc]
+    assert [one.next_buffered()[0].id for _ in range(3)] == [5, 6, 7]  # type: ignore[index]
+
+
 def test_a_half_run_buffer_sends_the_batch_and_fast_jobs_keep_to_the_busy_slots() -> None:
     wake = threading.Event()
     batch = Batch(1.0, 32, wake)  # a window no run of this test outlasts
@@ -260,9 +280,10 @@ def test_a_stale_job_the_database_is_away_for_past_its_lease_is_left_to_the_ledg
     assert job(late_id).status == "running"  # until its lease expires
 
 
-def _job_stub(job_id: int) -> object:
+def _job_stub(job_id: int, of: str = "") -> object:
     class Stub:
         id = job_id
+        tenant = of
 
     return Stub()
 
