@@ -9,7 +9,8 @@ One module per page: ``jobs`` (the ledger's list, a job's page, the dashboard), 
 ``pauses`` (what is paused), ``workers`` (every worker's heartbeat row), ``batches`` (the
 workflows: batches, parents' waits for children, chains) and ``webhooks`` (outbound webhook
 endpoints, messages and their attempts), ``backfills`` (backfills' progress and actions,
-exports with their download links); ``actions`` (the
+exports with their download links), ``tenants`` (the tenants' weights in the fair claim,
+the one page whose rows are edited); ``actions`` (the
 operator actions on jobs), ``filters``, ``dashboard`` (its figures) and ``common`` (what the
 pages share) serve them. Registered here.
 """
@@ -21,12 +22,14 @@ from django.contrib import admin
 from ..models import EventJob, Pause, Schedule, WorkerBeat
 from ..tables.backfills import Backfill, Export
 from ..tables.batches import Batch
+from ..tables.tenants import TenantWeight
 from ..tables.webhooks import WebhookEndpoint, WebhookMessage
 from .backfills import BackfillAdmin, ExportAdmin
 from .batches import BatchAdmin
 from .jobs import EventJobAdmin
 from .pauses import PauseAdmin
 from .schedules import ScheduleAdmin
+from .tenants import TenantWeightAdmin
 from .webhooks import WebhookEndpointAdmin, WebhookMessageAdmin
 from .workers import WorkerBeatAdmin
 
@@ -39,6 +42,7 @@ admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
 admin.site.register(WebhookMessage, WebhookMessageAdmin)
 admin.site.register(Backfill, BackfillAdmin)
 admin.site.register(Export, ExportAdmin)
+admin.site.register(TenantWeight, TenantWeightAdmin)
 
 __all__ = [
     "BackfillAdmin",
