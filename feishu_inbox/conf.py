@@ -213,10 +213,12 @@ class InboxSettings:
             problems.append(
                 f"TENANT_METRICS_TOP must be within 0..100 (got {self.TENANT_METRICS_TOP})."
             )
-        if not 0 <= self.STORE_TOKEN_MARGIN_SECONDS < 3600:
+        if not 0 <= self.STORE_TOKEN_MARGIN_SECONDS < 1800:
             problems.append(
-                "STORE_TOKEN_MARGIN_SECONDS must be within 0..3600 "
-                f"(got {self.STORE_TOKEN_MARGIN_SECONDS})."
+                "STORE_TOKEN_MARGIN_SECONDS must be within 0..1800 "
+                f"(got {self.STORE_TOKEN_MARGIN_SECONDS}): Feishu hands out a new token only "
+                "in the last 30 minutes of the old one's 2 hours, so a larger margin would "
+                "fetch the same token again on every call until then."
             )
         if self.PURGE_INTERVAL is not None and self.PURGE_INTERVAL < 1:
             problems.append(

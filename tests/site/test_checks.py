@@ -50,6 +50,9 @@ def test_settings_are_read_at_use_time() -> None:
         {"MAX_ATTEMPTS": 0},
         {"BACKOFF_JITTER": 2},
         {"LEASE_SECONDS": 0},
+        # a store app's token margin past Feishu's 30 minutes: the same token fetched again
+        # on every call until the old one's last 30 minutes
+        {"STORE_TOKEN_MARGIN_SECONDS": 1800},
     ],
 )
 def test_invalid_combinations_are_errors(bad: dict[str, object]) -> None:
