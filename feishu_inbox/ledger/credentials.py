@@ -37,8 +37,10 @@ from ..errors import FeishuTransientError
 #: The rows' kinds (``tables/tenants.py``).
 TICKET, APP_TOKEN, TENANT_TOKEN = "ticket", "app", "tenant"
 #: How long a fetcher holds a row's fetch lease: longer than a fetch (two requests, each
-#: within the client's timeout).
-FETCH_LEASE = timedelta(seconds=30)
+#: within the client's timeout) plus a whole wait (WAIT_SECONDS) for another worker's fetch
+#: nested in it (a tenant's token needs the app's, which another worker may be fetching), so
+#: that a lease never ends under a fetcher still waiting and a second worker fetches again.
+FETCH_LEASE = timedelta(seconds=60)
 #: A missing ticket is asked for again (``app_ticket/resend``) at most this often.
 RESEND_SECONDS = 60.0
 #: How long a worker waits for another's fetch of the same token before it gives up (a
