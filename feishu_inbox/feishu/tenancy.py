@@ -78,11 +78,11 @@ def tenant_of(app: str, tenant: str | None) -> str | None:
 
 def ready(creds: Any, client: Any, tenant: str) -> None:
     """Before an effect of a handler (``openapi.ready``): the tenant's token now, so that a
-    missing ticket defers the job (``Deferred``: no attempt spent, nothing sent) instead of
-    failing it."""
+    missing ticket, or another worker's fetch of the token that outlasted the whole wait,
+    defers the job (``Deferred``: no attempt spent, nothing sent) instead of failing it."""
     try:
         tenant_token(creds, client, tenant)
-    except TicketMissing as exc:
+    except (TicketMissing, credentials.FetchBusy) as exc:  # nothing sent: no attempt spent
         raise Deferred(TICKET_WAIT_SECONDS, exc.message) from None
 
 

@@ -48,6 +48,11 @@ RESEND_SECONDS = 60.0
 WAIT_SECONDS = 35.0
 
 
+class FetchBusy(FeishuTransientError):
+    """Another worker has held the token's fetch for the whole wait (its fetch is slow, or it
+    died holding the lease): nothing was sent; try again in a few seconds."""
+
+
 @dataclass(frozen=True)
 class Token:
     value: str
@@ -178,7 +183,7 @@ def shared_token(
         if took:
             return _fetch_under_lease(key, me, fetch)
         if time.monotonic() > give_up:
-            raise FeishuTransientError(
+            raise FetchBusy(
                 f"Another worker has been fetching the {kind} token of app {app!r}"
                 + (f" for tenant {tenant!r}" if tenant else "")
                 + f" for over {WAIT_SECONDS:g}s.",

@@ -6,12 +6,14 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import lark_oapi
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
+from django.utils import timezone
 from lark_oapi.api.auth.v3 import ResendAppTicketRequest, ResendAppTicketRequestBody
 from lark_oapi.api.im.v1 import CreateMessageRequest, CreateMessageRequestBody
 from lark_oapi.core.exception import ObtainAccessTokenException
@@ -23,6 +25,7 @@ from feishu_inbox.feishu import openapi, tenancy
 from feishu_inbox.ledger import credentials
 from feishu_inbox.ledger import tenants as ledger_tenants
 from feishu_inbox.models import EventJob
+from feishu_inbox.tables.tenants import AppCredential
 from tests.support.fake_feishu import FakeFeishu
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,6 +193,25 @@ def test_a_missing_ticket_is_asked_for_once_and_defers_the_reply(
     deliver_ticket(fake, app_id)
     send("tenant-a")
     assert [m.tenant_key for m in fake.messages] == ["tenant-a"]
+
+
+def test_a_fetch_held_by_another_worker_past_the_wait_defers_the_reply(
+    store: tuple[FakeFeishu, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker holds the tenant token's fetch lease (its fetch is slow, or it died
+    holding it) for the whole wait: the reply is deferred (no attempt spent), nothing sent,
+    nothing fetched twice."""
+    fake, app_id = store
+    deliver_ticket(fake, app_id)
+    monkeypatch.setattr(credentials, "WAIT_SECONDS", 0.2)
+    credentials._ensure("shop", credentials.TENANT_TOKEN, "tenant-a")
+    AppCredential.objects.filter(kind=credentials.TENANT_TOKEN, tenant="tenant-a").update(
+        fetching_by="another", fetching_until=timezone.now() + timedelta(minutes=1)
+    )
+    with ledger_tenants.tenant("tenant-a"), pytest.raises(Deferred) as deferred:
+        openapi.ready("shop")
+    assert deferred.value.seconds == tenancy.TICKET_WAIT_SECONDS
+    assert not fake.messages and not fake.store.tenant_token_requests
 
 
 def test_a_refused_ticket_is_dropped_and_asked_for_again(store: tuple[FakeFeishu, str]) -> None:
