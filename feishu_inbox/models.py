@@ -281,6 +281,13 @@ class Partition(models.Model):
                 name="feishu_inbox_part_claimable",
                 condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT]),
             ),
+            # The fair claim's running count per tenant (feishu_inbox_claim_fair): the chats
+            # that run now, as few as the workers' slots, however many chats are idle.
+            models.Index(
+                fields=["head_tenant"],
+                name="feishu_inbox_part_running",
+                condition=Q(head_state=PartitionState.RUNNING),
+            ),
             # Next wake-up: the earliest due time among claimable heads.
             models.Index(
                 fields=["head_due_at"],

@@ -50,6 +50,10 @@ class Migration(migrations.Migration):
             model_name='partition',
             index=models.Index(condition=models.Q(('head_state__in', ['queued', 'retry_wait'])), fields=['head_tenant', '-head_priority', 'head_id'], name='feishu_inbox_part_claimable'),
         ),
+        migrations.AddIndex(
+            model_name='partition',
+            index=models.Index(condition=models.Q(('head_state', 'running')), fields=['head_tenant'], name='feishu_inbox_part_running'),
+        ),
         migrations.AddConstraint(
             model_name='tenantweight',
             constraint=models.CheckConstraint(condition=models.Q(('weight__gt', 0), ('weight__lte', 1000)), name='feishu_inbox_tenant_weight_range'),

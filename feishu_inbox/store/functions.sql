@@ -440,19 +440,25 @@ BEGIN
     -- * tenants: each tenant with claimable heads, one probe of the claimable index each
     --   (a loose index scan: the next tenant after the one found);
     -- * running: each tenant's running jobs, as its chats' running heads (a chat runs one
-    --   job at a time): a read of the partition rows, the job table's status index never
-    --   (its running entries are mostly dead ones under load);
-    -- * candidates: each tenant's first p_limit due heads in its own order (priority, then
-    --   receipt), the k-th of tenant t with the share (running_t + k) / weight_t;
-    -- * picked: the p_limit candidates of the lowest share (ties: priority, then the older
-    --   head), locked as the plain claim locks them (others' rows skipped).
-    -- Planned with sorts allowed (the shares are sorted; the callers forbid sorts) and no JIT:
-    -- the running count's scan carries enable_seqscan's penalty in its cost, which put the
-    -- plan past jit_above_cost, and compiling it took 0.9 s a claim (auto_explain, 2 workers).
-    -- The jobs are found by their ids only (the status test IS TRUE: no index serves it),
-    -- as feishu_inbox_end_attempts finds its own.
+    --   job at a time), through the partial index feishu_inbox_part_running: as many
+    --   entries as the workers' slots and buffers hold, whatever the idle chats;
+    -- * candidates (read, not locked): each tenant's first p_limit due heads in its own
+    --   order (priority, then receipt), the k-th of tenant t with the share
+    --   (running_t + k) / weight_t;
+    -- * quotas: of the p_limit candidates first by priority (across tenants too: a task
+    --   above 0 runs before waiting chats, one below 0 after them, docs/tasks.md), then by
+    --   share, then the older head, how many are each tenant's;
+    -- * picked: each tenant's quota of its due heads in its own order, locked with SKIP
+    --   LOCKED down its own range of the claimable index, as the plain claim walks it: the
+    --   heads another claimer holds are passed over for the tenant's next ones, never
+    --   dropped from the claim.
     -- A tenant's heads keep their order among themselves, and a chat has one head: no chat
     -- is ever reordered.
+    -- Planned with sorts allowed (the shares are sorted; the callers forbid sorts) and no JIT:
+    -- plans that carry enable_seqscan's penalty in their cost pass jit_above_cost, and
+    -- compiling took 0.9 s a claim (auto_explain, 2 workers). The jobs are found by their ids
+    -- only (the status test IS TRUE: no index serves it), as feishu_inbox_end_attempts finds
+    -- its own.
     RETURN QUERY
     WITH RECURSIVE tenants (tenant) AS (
         (SELECT p.head_tenant FROM {partition} p WHERE p.head_state IN {claimable}
@@ -466,12 +472,14 @@ BEGIN
         SELECT p.head_tenant AS tenant, count(*) AS n FROM {partition} p
         WHERE p.head_state = '{running}' GROUP BY p.head_tenant
     ), candidates AS (
-        SELECT h.key, (COALESCE(r.n, 0) + h.rank) / COALESCE(w.weight, 1.0) AS share
+        SELECT t.tenant, h.head_priority, h.head_id,
+               (COALESCE(r.n, 0) + h.rank) / COALESCE(w.weight, 1.0) AS share
         FROM tenants t
         CROSS JOIN LATERAL (
-            SELECT c.key, row_number() OVER (ORDER BY c.head_priority DESC, c.head_id) AS rank
+            SELECT c.head_priority, c.head_id,
+                   row_number() OVER (ORDER BY c.head_priority DESC, c.head_id) AS rank
             FROM (
-                SELECT p.key, p.head_priority, p.head_id FROM {partition} p
+                SELECT p.head_priority, p.head_id FROM {partition} p
                 WHERE p.head_state IN {claimable} AND p.head_tenant = t.tenant
                   AND p.head_due_at <= now()
                   AND (p_prefixes IS NULL
@@ -484,11 +492,25 @@ BEGIN
         LEFT JOIN running r ON r.tenant = t.tenant
         LEFT JOIN {tenant_weight} w ON w.tenant = t.tenant
         WHERE t.tenant IS NOT NULL
+    ), quotas AS (
+        SELECT first.tenant, count(*) AS n
+        FROM (SELECT c.tenant FROM candidates c
+              ORDER BY c.head_priority DESC, c.share, c.head_id LIMIT p_limit) first
+        GROUP BY first.tenant
     ), picked AS (
-        SELECT p.key, p.head_id FROM {partition} p JOIN candidates c ON c.key = p.key
-        WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
-        ORDER BY c.share, p.head_priority DESC, p.head_id LIMIT p_limit
-        FOR UPDATE OF p SKIP LOCKED
+        SELECT x.key, x.head_id
+        FROM quotas q
+        CROSS JOIN LATERAL (
+            SELECT p.key, p.head_id FROM {partition} p
+            WHERE p.head_state IN {claimable} AND p.head_tenant = q.tenant
+              AND p.head_due_at <= now()
+              AND (p_prefixes IS NULL
+                   OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q2(prefix)
+                              WHERE left(p.key, length(q2.prefix)) = q2.prefix)
+                      <> p_excluding)
+            ORDER BY p.head_priority DESC, p.head_id LIMIT q.n
+            FOR UPDATE OF p SKIP LOCKED
+        ) x
     ), part AS (
         UPDATE {partition} SET head_state = '{running}' FROM picked
         WHERE {partition}.key = picked.key

@@ -66,13 +66,14 @@ ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 
 -- claimable_heads_fair --
 -- While several tenants have claimable heads: the k-th due head of tenant t (in its own order:
--- priority, then receipt) has the share (running_t + k) / weight_t, and the heads of the
--- lowest shares are claimed (ties: priority, then the older head), as feishu_inbox_claim_fair
--- does. Only in the queues of %(prefixes)s, or (%(excluding)s) outside them: every partition
+-- priority, then receipt) has the share (running_t + k) / weight_t (running_t: its chats'
+-- running heads), and the heads are claimed by priority (across tenants too), then the lowest
+-- share, then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or (%(excluding)s) outside them: every partition
 -- with no prefixes and excluding. Only on SQLite (PostgreSQL: feishu_inbox_claim_fair(), a
 -- probe per tenant; here every due head is ranked, as few as an embedded ledger holds).
 WITH running AS (
-    SELECT tenant, count(*) AS n FROM {job} WHERE status = '{running}' GROUP BY tenant
+    SELECT head_tenant AS tenant, count(*) AS n FROM {partition}
+    WHERE head_state = '{running}' GROUP BY head_tenant
 ), ranked AS (
     SELECT {partition}.key AS key, head_id, head_priority, head_tenant,
            row_number() OVER (PARTITION BY head_tenant
@@ -86,8 +87,8 @@ SELECT ranked.key AS key, ranked.head_id AS head_id FROM ranked
 LEFT JOIN running ON running.tenant = ranked.head_tenant
 LEFT JOIN {tenant_weight} w ON w.tenant = ranked.head_tenant
 WHERE ranked.rank <= %(limit)s
-ORDER BY (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0),
-         ranked.head_priority DESC, ranked.head_id
+ORDER BY ranked.head_priority DESC,
+         (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0), ranked.head_id
 LIMIT %(limit)s
 
 -- claim_partitions --

@@ -7,13 +7,16 @@ site without tenants) the claim is the plain one. Real workers under a flood are
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from feishu_inbox import ledger
 from feishu_inbox.ledger.rules import KeyFilter
 from feishu_inbox.models import EventJob, Partition
 from feishu_inbox.tables.tenants import TenantWeight
+from tests.ledger.test_ledger_concurrency import held_open
 from tests.support.ledger_helpers import assert_mirror_consistent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -145,3 +148,41 @@ def test_the_head_tenant_follows_the_head() -> None:
     ledger.finish(job.lease)
     assert Partition.objects.get(key="p").head_tenant == ""
     assert_mirror_consistent()
+
+
+def ranked(tenant: str, n: int, priority: int, *, after: timedelta | None = None) -> int:
+    return ledger.enqueue_ranked(
+        run_after=None if after is None else timezone.now() + after,
+        priority=priority,
+        event_id=f"ranked:{tenant}-{n}-{priority}",
+        event_type="test.noop",
+        partition_key=f"ranked:{tenant}-{n}-{priority}",
+        payload={},
+        tenant=tenant,
+    ).job_id
+
+
+def test_priority_comes_before_the_shares_across_tenants() -> None:
+    """A task above 0 runs before waiting chats, one below 0 after them (docs/tasks.md),
+    whoever's they are: the shares order the work of one priority. Site-wide bulk work at
+    -100 takes no slot from the tenants' chats while they have due work."""
+    for n in range(6):
+        ranked("", n, -100)
+        ranked("a", n, 0)
+    urgent = ranked("b", 0, 100)
+    claimed = ledger.claim("w1", limit=4)
+    assert claimed[0].id == urgent or urgent in [j.id for j in claimed]
+    assert tenants_of(claimed) == {"b": 1, "a": 3}
+    assert tenants_of(ledger.claim("w1", limit=4)) == {"a": 3, "": 1}
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_a_second_claimer_passes_over_the_heads_the_first_one_holds() -> None:
+    """Two workers claim at once while several tenants have work (one of them only a head
+    not due yet): the second claim takes the next heads down each tenant's order, as the
+    plain claim does, never nothing while due heads remain."""
+    flood("a", 10, 1)
+    ranked("b", 0, 0, after=timedelta(hours=1))  # B's only head: claimable, not due
+    with held_open(lambda: [j.id for j in ledger.claim("w1", limit=4)]) as first:
+        second = [j.id for j in ledger.claim("w2", limit=4)]
+    assert len(first) == 4 and len(second) == 4 and not set(first) & set(second)
