@@ -26,11 +26,20 @@ def fresh_postgres(name: str) -> str:
     checkouts on one server never drop each other's database); returns its URL."""
     import psycopg
 
+    drop_postgres(name)
+    name += os.environ.get("BENCH_DB_SUFFIX", "")
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{PG_SERVER}/{name}"
+
+
+def drop_postgres(name: str) -> None:
+    """Drop database ``name`` (plus ``$BENCH_DB_SUFFIX``), if it is there."""
+    import psycopg
+
     name += os.environ.get("BENCH_DB_SUFFIX", "")
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{PG_SERVER}/{name}"
 
 
 def fresh_sqlite(name: str) -> str:
@@ -68,6 +77,26 @@ def truncate_ledger() -> None:
         )
 
 
+def empty_ledger() -> None:
+    """``truncate_ledger`` on PostgreSQL; SQLite has no TRUNCATE: the same tables' rows
+    deleted, those that reference the jobs first."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        truncate_ledger()
+        return
+    with connection.cursor() as cur:
+        for table in (
+            "feishu_inbox_turncleanup",
+            "feishu_inbox_attempt",
+            "feishu_inbox_step",
+            "feishu_inbox_cardstream",
+            "feishu_inbox_eventjob",
+            "feishu_inbox_partition",
+        ):
+            cur.execute(f"DELETE FROM {table}")
+
+
 def analyze() -> None:
     """Fresh planner statistics (PostgreSQL), as autovacuum would give them."""
     from django.db import connection
@@ -99,16 +128,20 @@ def reproduce() -> str:
     return "python " + " ".join(shlex.quote(a) for a in sys.argv)
 
 
-def each_backend(script: str, sqlite: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+def each_backend(
+    script: str, sqlite: bool, progress: bool = False
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """Run ``script`` again with this run's arguments once per database, PostgreSQL first
     (SQLite too with ``sqlite``), each in a process of its own (``--backend``: one Django
-    set-up per process); yield each one's JSON answer, the last line it printed."""
+    set-up per process); yield each one's JSON answer, the last line it printed.
+    ``progress``: what it writes to stderr shows as it goes (else it is kept back)."""
     argv = [a for a in sys.argv[1:] if a != "--sqlite"]
     for backend in ["postgres"] + (["sqlite"] if sqlite else []):
         out = subprocess.run(
             [sys.executable, script, *argv, "--backend", backend],
             check=True,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=None if progress else subprocess.PIPE,
             text=True,
         ).stdout
         yield backend, json.loads(out.strip().splitlines()[-1])

@@ -52,12 +52,12 @@ from _setup import (
     ROOT,
     analyze,
     django_setup,
+    empty_ledger,
     fresh_postgres,
     fresh_sqlite,
     median,
     percentile,
     reproduce,
-    truncate_ledger,
     wait_for_exit,
 )
 
@@ -82,24 +82,6 @@ def worker_env(url: str, **extra: str) -> dict[str, str]:
 
 
 # --- the ledger ------------------------------------------------------------------------------
-
-
-def empty_ledger() -> None:
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        truncate_ledger()
-        return
-    with connection.cursor() as cur:  # SQLite: no TRUNCATE
-        for table in (
-            "feishu_inbox_turncleanup",
-            "feishu_inbox_attempt",
-            "feishu_inbox_step",
-            "feishu_inbox_cardstream",
-            "feishu_inbox_eventjob",
-            "feishu_inbox_partition",
-        ):
-            cur.execute(f"DELETE FROM {table}")
 
 
 def commits() -> int | None:

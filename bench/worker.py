@@ -209,20 +209,57 @@ def replies(url: str, n: int) -> dict[str, float]:
 
 
 def start_idle_worker(url: str, **env: str) -> subprocess.Popen[bytes]:
-    log = Path(tempfile.mkdtemp()) / "worker.log"
-    with open(log, "wb") as err:  # a file, not a pipe: nobody has to keep reading it
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runworker", "--concurrency", "1", "-v", "1"],
-            cwd=ROOT,
-            env=worker_env(url, LOG_LEVEL="INFO", **env),
-            stderr=err,
-        )
+    return start_workers(url, 1, 1, **env)[0]
+
+
+def start_workers(
+    url: str, procs: int, concurrency: int, settle: float = 0.0, **env: str
+) -> list[subprocess.Popen[bytes]]:
+    """``procs`` long-running ``runworker`` processes of ``concurrency`` slots, started
+    together; returns once each has logged its start-up line, and ``settle`` seconds more
+    (into their idle sleep). ``env``: their own settings."""
+    logs = Path(tempfile.mkdtemp(prefix="benchworker-"))
+    workers = []
+    for k in range(procs):
+        with open(logs / f"worker{k}.log", "wb") as err:  # a file: nobody has to keep reading it
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "manage.py",
+                        "runworker",
+                        "--concurrency",
+                        str(concurrency),
+                        "-v",
+                        "1",
+                    ],
+                    cwd=ROOT,
+                    env=worker_env(url, LOG_LEVEL="INFO", **env),
+                    stderr=err,
+                )
+            )
     deadline = time.monotonic() + 60
-    while b"started" not in log.read_bytes():  # its start-up line
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit(f"the worker did not start: {log.read_text()}")
-        time.sleep(0.05)
-    return proc
+    for k, proc in enumerate(workers):
+        log = logs / f"worker{k}.log"
+        while b"started" not in log.read_bytes():  # its start-up line
+            if time.monotonic() > deadline or proc.poll() is not None:
+                stop(workers)
+                raise SystemExit(f"the worker did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+    time.sleep(settle)
+    return workers
+
+
+def stop(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM (a graceful drain), then wait; killed if one is still there a minute later."""
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def latency(url: str, n: int, gap: float, **env: str) -> tuple[float, float, float]:

@@ -56,6 +56,7 @@ from _setup import (
     reproduce,
     truncate_ledger,
 )
+from worker import start_workers, stop
 
 PEERS_WORK = Path("/tmp/feishu-inbox-peers")
 CELERY_VENV = ".venv-celery"
@@ -119,57 +120,6 @@ def empty_ledger() -> None:
 # --- 1. fan-out/fan-in -----------------------------------------------------------------------
 
 
-def start_workers(url: str, procs: int, concurrency: int, **env: str) -> list[Any]:
-    """``procs`` idle ``runworker`` processes of ``concurrency`` slots, each past start-up."""
-    logs = Path(tempfile.mkdtemp(prefix="benchwf-"))
-    workers = []
-    for k in range(procs):
-        with open(logs / f"worker{k}.log", "wb") as err:
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "manage.py",
-                        "runworker",
-                        "--concurrency",
-                        str(concurrency),
-                        "-v",
-                        "1",
-                    ],
-                    cwd=ROOT,
-                    env={
-                        **os.environ,
-                        "DATABASE_URL": url,
-                        "FEISHU_INBOX_HANDLERS": "bench.bench_handlers",
-                        "LOG_LEVEL": "INFO",
-                        "PYTHONPATH": str(ROOT),
-                        **env,
-                    },
-                    stderr=err,
-                )
-            )
-    deadline = time.monotonic() + 60
-    for k, proc in enumerate(workers):
-        while b"started" not in (logs / f"worker{k}.log").read_bytes():  # its start-up line
-            if time.monotonic() > deadline or proc.poll() is not None:
-                stop(workers)
-                raise SystemExit(f"a worker did not start: {logs / f'worker{k}.log'}")
-            time.sleep(0.05)
-    time.sleep(0.5)  # into their idle sleep
-    return workers
-
-
-def stop(workers: list[Any]) -> None:
-    for proc in workers:
-        proc.terminate()
-    for proc in workers:
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def fanout(url: str, n: int, procs: int, concurrency: int, timeout: float) -> dict[str, float]:
     """One ``bench.fanout`` parent of ``n`` children on ``procs`` x ``concurrency`` workers:
     children/s from its enqueue to its finish, as the ledger recorded them."""
@@ -180,7 +130,7 @@ def fanout(url: str, n: int, procs: int, concurrency: int, timeout: float) -> di
 
     empty_ledger()
     out = Path(tempfile.mkdtemp(prefix="benchwf-")) / "fanout.txt"
-    workers = start_workers(url, procs, concurrency, BENCH_FANOUT_FILE=str(out))
+    workers = start_workers(url, procs, concurrency, 0.5, BENCH_FANOUT_FILE=str(out))
     try:
         job_id = ledger.enqueue(
             event_id=f"fanout-{time.time()}",
@@ -391,7 +341,7 @@ def batch_callback(url: str, n: int, timeout: float) -> dict[str, float]:
 
     empty_ledger()
     out = Path(tempfile.mkdtemp(prefix="benchwf-")) / "callback.txt"
-    workers = start_workers(url, 1, 4, BENCH_LATENCY_FILE=str(out))
+    workers = start_workers(url, 1, 4, 0.5, BENCH_LATENCY_FILE=str(out))
     try:
         feishu_inbox.batch(
             [feishu_inbox.job("bench.wf_noop", {"i": i}) for i in range(n)],
