@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,30 @@ def worker_env(url: str, **extra: str) -> dict[str, str]:
     }
 
 
-def fill(n: int, partitions: int, event_type: str = "bench.noop") -> None:
-    """Enqueue n jobs through the ledger's own enqueue, in one statement (set-up only)."""
+def fill(
+    n: int, partitions: int, event_type: str = "bench.noop", tenants: Sequence[str] = ("",)
+) -> None:
+    """Enqueue n jobs through the ledger's own enqueue, in one statement (set-up only):
+    round-robin over ``tenants`` ("": none), each tenant's over its ``partitions //
+    len(tenants)`` chats (at least one)."""
     from django.db import connection
 
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'n' || g || '-' || %s,"
-            " %s, 'n' || g || '-' || %s, 'chat-' || (g %% %s), false, '{}'::jsonb, NULL::integer)"
-            " FROM generate_series(1, %s) g) s",
-            [time.time(), event_type, time.time(), partitions, n],
+            "SELECT count(*) FROM (SELECT feishu_inbox_enqueue('default', 'n' || g || '-' || %(t)s,"
+            " %(type)s, 'n' || g || '-' || %(t)s,"
+            " concat_ws('-', 'chat', NULLIF(tenant, ''), (g / %(ts)s) %% %(chats)s), false,"
+            " '{}'::jsonb, NULL::integer, '', tenant)"
+            " FROM (SELECT g, (%(names)s::text[])[1 + g %% %(ts)s] AS tenant"
+            " FROM generate_series(1, %(n)s) g) jobs) s",
+            {
+                "t": time.time(),
+                "type": event_type,
+                "names": list(tenants),
+                "ts": len(tenants),
+                "chats": max(1, partitions // len(tenants)),
+                "n": n,
+            },
         )
         cur.execute("ANALYZE")
 
@@ -100,17 +115,19 @@ def throughput(
     env: dict[str, str] | None = None,
     partitions: int = 1000,
     root: Path = ROOT,
+    tenants: Sequence[str] = ("",),
 ) -> float:
     """Jobs/s over the database window from the first claim to the last finish (and, in
     COMMITS_PER_JOB, the database's commits per job over the run). ``root``: the checkout
-    whose ``manage.py runworker`` runs (``--against``: another commit's)."""
+    whose ``manage.py runworker`` runs (``--against``: another commit's). ``tenants``: whose
+    jobs they are (``fill``)."""
     from django.db import connection
 
     truncate_ledger()
     if event_type.startswith("bench.reply"):
         fill_messages(n, partitions, event_type)
     else:
-        fill(n, partitions, event_type)
+        fill(n, partitions, event_type, tenants)
     commits_before = _commits()
     machine_before = machine_cpu_seconds()
     workers = [
