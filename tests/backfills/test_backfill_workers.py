@@ -33,10 +33,16 @@ from tests.support.worker_helpers import Workers
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROWS, KILLS = 200_000, 5
-#: 10 batches a second: a pace a worker keeps on a shared 2-core machine under other suites'
-#: load (at 20 a second, with a load average of 12, the CPU it got, not its pacing, set it).
-RATE, BATCH = 5_000, 500
-#: The rows a rate is measured over, between two kills (2 s at the rate).
+#: 4 batches a second: a pace a worker keeps on a shared 2-core machine under CI's load (at 10
+#: a second, 5,000 rows/s, two of five CI runs measured medians of 2,925 and 3,971 rows/s: the
+#: CPU the worker got, not its pacing, set them; at 20 a second, with a load average of 12,
+#: likewise).
+RATE, BATCH = 2_000, 500
+#: The last worker's pace, after the five kills: the rest of the table at whatever speed the
+#: machine gives (its memory is what is measured there, not its pace).
+SURVIVOR_RATE = 100_000
+#: The rows a rate is measured over, between two kills (5 s at the rate: 20 batches, so that
+#: the bucket's burst of one batch early is 5% of a window, under the 10% allowed).
 WINDOW = 10_000
 #: How much a worker's memory may grow over its last 50,000+ rows (a batch holds 500 keys).
 RSS_GROWTH = 8 * 1024 * 1024
@@ -70,7 +76,7 @@ def test_200000_rows_through_five_sigkills_each_written_once_at_the_rate_in_boun
         rates.append(measure_rate(WINDOW))
         os.kill(worker.pid, signal.SIGKILL)  # wherever it is: between batches or inside one
         worker.wait(10)
-    survivor = start_worker(workers, **env)
+    survivor = start_worker(workers, **{**env, "BACKFILL_TEST_RATE": str(SURVIVOR_RATE)})
     # Its memory from its tenth batch on (its start, imports and first claims are behind it).
     warm = backfill().rows_done + 10 * BATCH
     wait_for(lambda: backfill().rows_done >= warm, 60, "the survivor's first batches")
