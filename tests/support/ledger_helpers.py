@@ -44,8 +44,15 @@ def expire_lease(job_id: int) -> None:
 
 
 def make_due(job_id: int) -> None:
-    """Make a retry-waiting job due now (its backoff elapsed)."""
+    """Make a retry-waiting job due now (its backoff elapsed): a second before the database's
+    now(), which on PostgreSQL is the start of the test's transaction (a test of the default
+    django_db mark runs in one), not the host's clock at this line: under load, a test that
+    took more than a second to get here made a job due after the claim's now()."""
     past = timezone.now() - timedelta(seconds=1)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now() - interval '1 second'")
+            past = min(past, cursor.fetchone()[0])
     EventJob.objects.filter(pk=job_id).update(available_at=past)
     Partition.objects.filter(head_id=job_id).update(head_due_at=past)
 
