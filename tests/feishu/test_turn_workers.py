@@ -112,7 +112,10 @@ def webhook() -> Iterator[Any]:
     def send(envelope: dict[str, Any]) -> None:
         body, headers = delivery(envelope)
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=10) as response:
+        # Feishu waits 3 s for an answer, then delivers again; a test that waits less than a
+        # loaded machine takes (two CI runs: over 10 s, both suites at full load) fails on
+        # the machine, not on the webhook: what it proves is the turn, not the latency.
+        with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
 
     try:
