@@ -51,7 +51,10 @@ class JobSpec:
 
     def as_dict(self) -> dict[str, Any]:
         """The stored form; its tenant is decided now, by whoever stores it (a callback that
-        fires later, outside any handler, is still the batch maker's tenant's)."""
+        fires later, outside any handler, is still the batch maker's tenant's). With
+        TENANT_REQUIRED, a spec whose maker declares none is refused now
+        (``job_tenant_required``, in the maker's transaction), never when a worker enqueues
+        it later, where the refusal would stop the chain or the batch's callback."""
         return {
             "target": self.target,
             "task": self.is_task,
@@ -59,7 +62,7 @@ class JobSpec:
             "args": self.args,
             "key": self.key,
             "app": self.app,
-            "tenant": self.tenant if self.tenant is not None else tenants.current(),
+            "tenant": tenants.resolve(self.tenant, what=f"A workflow's job {self.target!r}"),
         }
 
 

@@ -94,6 +94,23 @@ def test_a_site_that_requires_a_tenant_refuses_a_job_without_one() -> None:
     assert EventJob.objects.count() == 4
 
 
+@override_settings(FEISHU_INBOX={"TENANT_REQUIRED": True})
+def test_a_chain_or_batch_without_a_tenant_is_refused_when_made_never_when_it_fires() -> None:
+    """A chain's later links and a batch's callbacks are enqueued by a worker, outside the
+    maker's block: their tenant is decided when they are made, so a site that requires one
+    refuses the chain then, in the maker's transaction (nothing stored), instead of a link
+    that can never be stored later."""
+    with pytest.raises(TenantRequired):
+        feishu_inbox.chain(job("test.noop"), job("test.noop"))
+    with pytest.raises(TenantRequired):
+        feishu_inbox.batch([job("test.noop", tenant="acme")], on_success=job("test.noop"))
+    assert not EventJob.objects.exists()
+    with feishu_inbox.tenant("acme"):
+        handle = feishu_inbox.chain(job("test.noop"), job("test.noop"))
+    assert EventJob.objects.get(pk=handle.job_ids[0]).tenant == "acme"
+    feishu_inbox.chain(job("test.noop", tenant=""), job("test.noop", tenant=""))  # site-wide
+
+
 def test_a_tenant_longer_than_its_column_is_refused() -> None:
     with pytest.raises(ledger.LedgerError, match="at most 64"):
         enqueue("k1", tenant="x" * 65)
@@ -109,7 +126,7 @@ def test_schedules_webhooks_and_workflow_specs_carry_their_tenant() -> None:
     assert job("test.noop", tenant="initech").as_dict()["tenant"] == "initech"
     with feishu_inbox.tenant("acme"):
         assert job("test.noop").as_dict()["tenant"] == "acme"  # its maker's
-    assert job("test.noop").as_dict()["tenant"] is None
+    assert job("test.noop").as_dict()["tenant"] == ""  # none, decided by its maker
     tenants = dict(EventJob.objects.values_list("app", "tenant"))
     assert tenants == {"default": "acme", "webhooks": "globex"}
 
