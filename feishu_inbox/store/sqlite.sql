@@ -68,12 +68,24 @@ ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 -- While several tenants have claimable heads: the k-th due head of tenant t (in its own order:
 -- priority, then receipt) has the share (running_t + k) / weight_t (running_t: its chats'
 -- running heads), and the heads are claimed by priority (across tenants too), then the lowest
--- share, then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or (%(excluding)s) outside them: every partition
--- with no prefixes and excluding. Only on SQLite (PostgreSQL: feishu_inbox_claim_fair(), a
--- probe per tenant; here every due head is ranked, as few as an embedded ledger holds).
+-- share, then the ring's order (tenants in key order from the one after the cursor: the
+-- tenant of the most recently claimed of the running heads and the last job completed), then
+-- the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or
+-- (%(excluding)s) outside them: every partition with no prefixes and excluding. Only on
+-- SQLite (PostgreSQL: feishu_inbox_claim_fair(), which reads a bounded ring of tenants; here
+-- every due head is ranked, as few as an embedded ledger holds).
 WITH running AS (
     SELECT head_tenant AS tenant, count(*) AS n FROM {partition}
     WHERE head_state = '{running}' GROUP BY head_tenant
+), cursor AS (
+    SELECT tenant FROM (
+        SELECT j.tenant AS tenant, j.claimed_at AS claimed_at
+        FROM {partition} p JOIN {job} j ON j.id = p.head_id
+        WHERE p.head_state = '{running}'
+        UNION ALL
+        SELECT * FROM (SELECT tenant, claimed_at FROM {job} WHERE status = '{completed}'
+                       ORDER BY finished_at DESC LIMIT 1)
+    ) ORDER BY claimed_at IS NULL, claimed_at DESC, tenant DESC LIMIT 1
 ), ranked AS (
     SELECT {partition}.key AS key, head_id, head_priority, head_tenant,
            row_number() OVER (PARTITION BY head_tenant
@@ -88,7 +100,9 @@ LEFT JOIN running ON running.tenant = ranked.head_tenant
 LEFT JOIN {tenant_weight} w ON w.tenant = ranked.head_tenant
 WHERE ranked.rank <= %(limit)s
 ORDER BY ranked.head_priority DESC,
-         (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0), ranked.head_id
+         (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0),
+         COALESCE(ranked.head_tenant <= (SELECT tenant FROM cursor), 0), ranked.head_tenant,
+         ranked.head_id
 LIMIT %(limit)s
 
 -- claim_partitions --

@@ -186,3 +186,35 @@ def test_a_second_claimer_passes_over_the_heads_the_first_one_holds() -> None:
     with held_open(lambda: [j.id for j in ledger.claim("w1", limit=4)]) as first:
         second = [j.id for j in ledger.claim("w2", limit=4)]
     assert len(first) == 4 and len(second) == 4 and not set(first) & set(second)
+
+
+def test_the_tenants_take_turns_round_the_ring() -> None:
+    """30 tenants, each with one chat of 3 jobs enqueued tenant after tenant, so the first
+    tenant's head is always the oldest. One slot claims and finishes a job at a time: every
+    tenant runs its first job before any runs its second, in the ring's order (the tenants'
+    keys, from the one after the last claimed), and round again."""
+    tenants = [f"t{i:02d}" for i in range(30)]
+    for tenant in tenants:
+        flood(tenant, 1, 3)
+    order = []
+    for _ in range(2 * len(tenants)):
+        [job] = ledger.claim("w1", limit=1)
+        order.extend(tenants_of([job]))
+        ledger.finish(job.lease)
+    assert order == tenants + tenants
+    assert_mirror_consistent()
+
+
+def test_the_ring_passes_over_tenants_with_nothing_due() -> None:
+    """Ten tenants, the first five with only a head held for an hour: a claim goes round the
+    ring past them to the due ones, and back to the ring's start past the ones it runs."""
+    for n in range(5):
+        ranked(f"t{n}", 0, 0, after=timedelta(hours=1))
+    for n in range(5, 10):
+        flood(f"t{n}", 1, 2)
+    first = ledger.claim("w1", limit=3)
+    assert sorted(tenants_of(first)) == ["t5", "t6", "t7"]
+    # From t7 on: t8 and t9, then round to t0..t4 (nothing due) and t5..t7 (running, their
+    # one chat's next job waits behind it): two heads, not three.
+    assert sorted(tenants_of(ledger.claim("w1", limit=3))) == ["t8", "t9"]
+    assert ledger.claim("w1", limit=3) == []

@@ -121,8 +121,8 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
-    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029, 0034 and 0039 load their
-    function files; migrating back drops them (or restores their earlier versions), forward again
+    """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029, 0034, 0039 and 0040 load
+    their function files; migrating back drops them (or restores their earlier versions), forward again
     creates them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
@@ -208,7 +208,10 @@ def test_stored_function_migrations_go_back_and_forth() -> None:
     assert end_attempt_merged() and finish_batch_in_sets()
     assert end_attempts_settings() == [*generic, "enable_seqscan=off"]
     assert "feishu_inbox_claim_fair(" in body_of("feishu_inbox_claim")  # 0039: fair claims
+    assert "RECURSIVE ring" in body_of("feishu_inbox_claim_fair")  # 0040: a bounded ring
     try:
+        call_command("migrate", "feishu_inbox", "0039", verbosity=0)
+        assert functions() == expected and "RECURSIVE tenants" in body_of("feishu_inbox_claim_fair")
         call_command("migrate", "feishu_inbox", "0038", verbosity=0)
         expected -= {"feishu_inbox_claim_fair"}  # new in 0039
         assert functions() == expected and claim_settings() == forbidden
