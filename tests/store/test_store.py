@@ -122,8 +122,8 @@ def test_the_store_is_chosen_once_per_vendor() -> None:
 @pytest.mark.usefixtures("postgres_only")
 def test_stored_function_migrations_go_back_and_forth() -> None:
     """0002, 0005, 0010, 0012, 0013, 0014, 0015, 0024, 0027, 0028, 0029, 0034, 0039 and 0040 load
-    their function files; migrating back drops them (or restores their earlier versions), forward again
-    creates them, and the ledger works after the round trip."""
+    their function files; migrating back drops them (or restores their earlier versions),
+    forward again creates them, and the ledger works after the round trip."""
 
     def functions() -> set[str]:
         with connection.cursor() as cur:
