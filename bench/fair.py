@@ -81,7 +81,9 @@ def throughput_round(url: str, args: argparse.Namespace, number: int) -> dict[st
         got[f"jobs_per_s_{key}"] = throughput(
             url, procs, slots, args.jobs, partitions=args.chats, tenants=tenant_names(tenants)
         )
-        got[f"worker_cpu_us_{key}"], got[f"db_cpu_us_{key}"] = CPU_PER_JOB[label]
+        got[f"worker_cpu_us_{key}"], got[f"db_cpu_us_{key}"] = CPU_PER_JOB[
+            label if tenants == 1 else f"{label}_{tenants}_tenants"
+        ]
         print(f"round {number}: {key}: {got[f'jobs_per_s_{key}']:,.0f} jobs/s", file=sys.stderr)
     for label, _, _ in SHAPES:
         for tenants in args.tenants:

@@ -124,10 +124,12 @@ def throughput(
     from django.db import connection
 
     truncate_ledger()
+    wal_before_fill = wal_lsn()
     if event_type.startswith("bench.reply"):
         fill_messages(n, partitions, event_type)
     else:
         fill(n, partitions, event_type, tenants)
+    wal_before_run = wal_lsn()
     commits_before = _commits()
     machine_before = machine_cpu_seconds()
     workers = [
@@ -150,7 +152,13 @@ def throughput(
     worker_cpu = wait_for_exit(workers)
     machine_cpu = machine_cpu_seconds() - machine_before
     shape = f"{procs}x{concurrency}" + ("" if partitions > 1 else "_one_chat")
+    if len(tenants) > 1:
+        shape += f"_{len(tenants)}_tenants"
     COMMITS_PER_JOB[shape] = (_commits() - commits_before) / n
+    WAL_PER_JOB[shape] = (
+        wal_bytes(wal_before_fill, wal_before_run) / n,
+        wal_bytes(wal_before_run) / n,
+    )
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(claimed_at)) "
@@ -169,9 +177,33 @@ def throughput(
 
 #: Per shape ("1x4"), the last throughput run's CPU per job, in µs: (workers, rest of machine).
 CPU_PER_JOB: dict[str, tuple[float, float]] = {}
+#: Per shape, the last run's WAL bytes per job, the whole server's (nothing else runs): written
+#: by the enqueue of the jobs, and by the workers' run (claims, finishes, history rows).
+WAL_PER_JOB: dict[str, tuple[float, float]] = {}
 #: Per shape, the last run's commits in the database per job (every session's: the workers'
 #: heartbeats and renewals too, a few per second).
 COMMITS_PER_JOB: dict[str, float] = {}
+
+
+def wal_lsn() -> str:
+    """The server's current WAL position (every database's: the peers' too)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        return str(cur.fetchone()[0])
+
+
+def wal_bytes(since: str, until: str | None = None) -> float:
+    """WAL bytes the server wrote from ``since`` to ``until`` (now)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_wal_lsn_diff(COALESCE(%s::pg_lsn, pg_current_wal_lsn()), %s::pg_lsn)",
+            [until, since],
+        )
+        return float(cur.fetchone()[0])
 
 
 def _commits() -> int:
@@ -560,11 +592,23 @@ def queue_peer(
         if name == "pgqueuer" and label == "c4":
             continue  # the 1 x 1 run's figure (set below)
         run("reset")
+        wal_before_fill = wal_lsn()
         run("fill", "--n", str(n))
+        wal_before_run = wal_lsn()
         slots = [] if name == "pgqueuer" else ["--concurrency", concurrency]
-        res[label] = once(run("work", "--procs", procs, *slots, *extra))
+        result = run("work", "--procs", procs, *slots, *extra)
+        res[label] = once(result)
+        # The same figures as ours (WAL_PER_JOB, CPU_PER_JOB): the server's WAL per job for
+        # the enqueue and for the run, and the CPU per job of all but the peer's processes.
+        res[f"wal_fill_{label}"] = wal_bytes(wal_before_fill, wal_before_run) / n
+        res[f"wal_run_{label}"] = wal_bytes(wal_before_run) / n
+        if "cpu_ms_per_job_other" in result:
+            res[f"rest_cpu_us_{label}"] = 1000 * float(result["cpu_ms_per_job_other"])
     if name == "pgqueuer" and "c1" in res:
         res["c4"] = res["c1"]
+        for key in ("wal_fill", "wal_run", "rest_cpu_us"):
+            if f"{key}_c1" in res:
+                res[f"{key}_c4"] = res[f"{key}_c1"]
     if latency:
         run("reset")
         lat_args = ["--n", "500", "--gap", "0.01"]
@@ -692,6 +736,14 @@ def main() -> None:
     parser.add_argument("--tasks-only", action="store_true", help="only the django.tasks row")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (medians)")
     parser.add_argument(
+        "--tenants",
+        type=int,
+        nargs="*",
+        default=[10, 1000],
+        help="the no-op rows at 1 x 4 and 2 x 4 with the jobs shared by this many tenants too "
+        "(the fair claim), beside one tenant's (the plain claim); none: --tenants",
+    )
+    parser.add_argument(
         "--against",
         type=Path,
         metavar="CHECKOUT",
@@ -790,6 +842,15 @@ def main() -> None:
         pgqueuer(their_round, "2x4" if odd else "c1")
         # One busy chat: its jobs are serial by definition, one commit each.
         mine["one_chat"] = throughput(url, 1, 4, min(args.jobs, 2000), partitions=1)
+        # The fair claim beside the plain one (docs/tenants.md): the same jobs over the same
+        # 1,000 chats, shared round-robin by 10 and by 1,000 tenants (1,000: one chat each).
+        for count in args.tenants:
+            for label, procs, slots in shapes[1:]:
+                mine[f"{label}_{count}_tenants"] = throughput(
+                    url, procs, slots, args.jobs, tenants=[f"t{i}" for i in range(count)]
+                )
+        for shape, (fill_bytes, run_bytes) in WAL_PER_JOB.items():
+            mine[f"wal_fill_{shape}"], mine[f"wal_run_{shape}"] = fill_bytes, run_bytes
         for shape, (workers_us, rest_us) in CPU_PER_JOB.items():
             mine[f"cpu_us_{shape}"], mine[f"rest_cpu_us_{shape}"] = workers_us, rest_us
         for shape, commits in COMMITS_PER_JOB.items():
@@ -870,6 +931,41 @@ def main() -> None:
         )
         + f" (2 cores: {2e6 / ours['2x4']:.0f} µs of core time per job at 2 x 4)"
     )
+    pgq = their.get("pgqueuer", {})
+
+    def beside(key: str, label: str, fmt: str) -> str:
+        shape = {"c1": "1x1", "c4": "1x4"}.get(label, label)  # ours by shape, the peers' by label
+        mine_value, theirs_value = ours.get(f"{key}_{shape}"), pgq.get(f"{key}_{label}")
+        if mine_value is None:
+            return ""
+        text = f"{shape} {mine_value:{fmt}}"
+        if theirs_value:
+            text += f" / PgQueuer {theirs_value:{fmt}} ({mine_value / theirs_value:.2f})"
+        return text
+
+    for title, key in (
+        ("WAL bytes per job written by the enqueue", "wal_fill"),
+        ("WAL bytes per job written by the run (claims, finishes)", "wal_run"),
+        ("PostgreSQL's CPU per job, µs (the machine's but the workers')", "rest_cpu_us"),
+    ):
+        cells = [beside(key, shape, ",.0f") for shape in ("c1", "2x4")]
+        print(f"  {title}: " + "; ".join(c for c in cells if c))
+    if args.tenants:
+        print("  fair claims (no-op jobs/s over the same 1,000 chats; ratio to one tenant's):")
+        for count in args.tenants:
+            row: list[str] = []
+            for label in ("c4", "2x4"):
+                ratios = [
+                    r[0][f"{label}_{count}_tenants"] / r[0][label]
+                    for r in rounds
+                    if f"{label}_{count}_tenants" in r[0]
+                ]
+                if ratios:
+                    row.append(
+                        f"{label} {ours[f'{label}_{count}_tenants']:,.0f} "
+                        f"({' / '.join(f'{x:.2f}' for x in ratios)})"
+                    )
+            print(f"    {count:>5} tenants: " + "; ".join(row))
     print(
         "  commits per job in the database (every session's): "
         + "; ".join(

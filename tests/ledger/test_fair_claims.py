@@ -218,3 +218,24 @@ def test_the_ring_passes_over_tenants_with_nothing_due() -> None:
     # one chat's next job waits behind it): two heads, not three.
     assert sorted(tenants_of(ledger.claim("w1", limit=3))) == ["t8", "t9"]
     assert ledger.claim("w1", limit=3) == []
+
+
+def test_urgent_heads_past_a_tenants_bound_still_come_first() -> None:
+    """PostgreSQL reads each tenant's heads up to a bound on the claim's last share (here 3
+    each); where a head past it would rank in the claim, it reads them all: a tenant whose
+    heads are urgent takes every slot (priority first), as with every head ranked."""
+    for n in range(10):
+        ranked("a", n, 100)
+    flood("b", 10, 1)
+    flood("c", 10, 1)
+    assert tenants_of(ledger.claim("w1", limit=6)) == {"a": 6}
+
+
+def test_a_tenant_short_of_heads_leaves_its_slots_to_the_others() -> None:
+    """Past the bound (4 each here) because one tenant has a single due head: the other
+    takes the rest of the claim, none left empty."""
+    ledger.enqueue(
+        event_id="a-1", event_type="test.noop", partition_key="a", payload={}, tenant="a"
+    )
+    flood("b", 20, 1)
+    assert tenants_of(ledger.claim("w1", limit=6)) == {"a": 1, "b": 5}
