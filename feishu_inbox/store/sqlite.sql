@@ -69,8 +69,7 @@ ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 -- priority, then receipt) has the share (running_t + k) / weight_t (running_t: its chats'
 -- running heads), and the heads are claimed by priority (across tenants too), then the lowest
 -- share, then the ring's order (tenants in key order from the one after the cursor: the
--- tenant of the most recently claimed of the running heads and the job of the last attempt
--- ended), then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or
+-- tenant of the last attempt ended), then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or
 -- (%(excluding)s) outside them: every partition with no prefixes and excluding. Only on
 -- SQLite (PostgreSQL: feishu_inbox_claim_fair(), which reads a bounded ring of tenants; here
 -- every due head is ranked, as few as an embedded ledger holds).
@@ -78,15 +77,8 @@ WITH running AS (
     SELECT head_tenant AS tenant, count(*) AS n FROM {partition}
     WHERE head_state = '{running}' GROUP BY head_tenant
 ), cursor AS (
-    SELECT tenant FROM (
-        SELECT j.tenant AS tenant, j.claimed_at AS claimed_at
-        FROM {partition} p JOIN {job} j ON j.id = p.head_id
-        WHERE p.head_state = '{running}'
-        UNION ALL
-        SELECT * FROM (SELECT j.tenant, j.claimed_at
-                       FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-                       ORDER BY a.id DESC LIMIT 1)
-    ) ORDER BY claimed_at IS NULL, claimed_at DESC, tenant DESC LIMIT 1
+    SELECT j.tenant AS tenant FROM {attempt} a JOIN {job} j ON j.id = a.job_id
+    ORDER BY a.id DESC LIMIT 1
 ), ranked AS (
     SELECT {partition}.key AS key, head_id, head_priority, head_tenant,
            row_number() OVER (PARTITION BY head_tenant

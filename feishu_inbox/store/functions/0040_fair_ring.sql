@@ -5,8 +5,8 @@
 -- throughput). Now a claim reads:
 -- * the ring: the tenants in key order from the one after a cursor, round to the cursor,
 --   until it has found p_limit tenants that run nothing and have a due head (or has gone
---   round). The cursor is the tenant of the most recently claimed of the running heads and
---   the job of the last attempt ended, so successive claims of every worker go round the
+--   round). The cursor is the tenant of the last attempt ended; the tenants claimed since
+--   run, and the ring passes over them, so successive claims of every worker go round the
 --   tenants (round-robin: a tenant with a due head is reached within (tenants / slots
 --   claimed) claims, whatever the others' backlogs), with no shared row to write;
 -- * the running tenants whose next head's share is lowest (p_limit of them): only they can
@@ -31,17 +31,12 @@ DECLARE
     v_first text;
     v_wanted integer := greatest(p_limit, 1);
 BEGIN
-    -- the ring's cursor: the tenant of the most recently claimed of the running heads and
-    -- the job of the last attempt ended (a worker of one slot ends its job before it claims;
-    -- the history's newest row, by its key: no plan can sort the ended jobs; none: the ring
-    -- starts at its first tenant), and the ring's first tenant
-    SELECT c.tenant INTO v_after FROM (
-        SELECT j.tenant, j.claimed_at FROM {partition} p JOIN {job} j ON j.id = p.head_id
-        WHERE p.head_state = '{running}'
-        UNION ALL
-        (SELECT j.tenant, j.claimed_at FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-         ORDER BY a.id DESC LIMIT 1)
-    ) c ORDER BY c.claimed_at DESC NULLS LAST, c.tenant DESC LIMIT 1;
+    -- the ring's cursor: the tenant of the last attempt ended (the history's newest row, by
+    -- its key; none: the ring starts at its first tenant). The tenants claimed since then
+    -- run, and the ring passes over running tenants: it starts where the claims stopped.
+    -- And the ring's first tenant.
+    SELECT j.tenant INTO v_after FROM {attempt} a JOIN {job} j ON j.id = a.job_id
+    ORDER BY a.id DESC LIMIT 1;
     SELECT p.head_tenant INTO v_first FROM {partition} p WHERE p.head_state IN {claimable}
     ORDER BY p.head_tenant LIMIT 1;
     -- claimable_heads_fair, claim_partitions and claim_jobs in one statement:
