@@ -11,10 +11,11 @@
         )
 
 The export is a job (in the caller's transaction: no commit, no export). Its worker reads the
-rows by primary key after a cursor (``iterator(chunk_size=…)``: bounded memory), one part at a
-time: part n holds the ``part_rows`` rows after part n-1's last key (and every other row of its
-own last key: a to-many column repeats a key, and a key is never split between parts), written
-to a temporary file and saved under a name of this write's own (``part-00001-<tag>.csv``); the
+rows by primary key after a cursor (``chunk_size`` rows in memory at a time: through a
+server-side cursor, or by key where the connection keeps none), one part at a time: part n
+holds the ``part_rows`` rows after part n-1's last key (and every other row of its own last
+key: a to-many column repeats a key, and a key is never split between parts), written to a
+temporary file and saved under a name of this write's own (``part-00001-<tag>.csv``); the
 part, its name and the cursor are then recorded in one commit that expects part n-1 to be the
 last (compare and set). A worker killed mid-part leaves the cursor where it was, and the next
 attempt writes that part again under a new name. A stalled worker that lost its lease (a
@@ -37,12 +38,13 @@ import logging
 import pickle
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from django.core import signing
 from django.core.files.storage import InvalidStorageError
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -238,7 +240,7 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> tuple[int,
             block.clear()
 
         values = rows.values_list("pk", *row.columns)
-        for key, *rest in values[: row.part_rows].iterator(chunk_size=row.chunk_size):
+        for key, *rest in first_rows(values, row.part_rows, row.chunk_size):
             fetched += 1
             if run and key != run[0][0]:
                 block.extend(run)
@@ -278,6 +280,33 @@ def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> tuple[int,
     if skipped:
         telemetry.EXPORT_ROWS.labels("skipped").inc(len(skipped))
     return fetched, n
+
+
+def first_rows(values: QuerySet[Any], limit: int, chunk: int) -> Iterator[Any]:
+    """The first ``limit`` rows of ``values`` (ordered by key), ``chunk`` rows in memory at a
+    time: through the database's cursor where the connection keeps one open, else (its
+    ``DISABLE_SERVER_SIDE_CURSORS``: behind a transaction pooler, where a cursor cannot outlive
+    its transaction and psycopg would read the whole part in one fetch) by key, one query per
+    chunk. A chunk that ends inside a key (a to-many column) reads that key's rows whole,
+    since the next one starts after the key."""
+    if not connections[values.db].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        yield from values[:limit].iterator(chunk_size=chunk)
+        return
+    after, fetched = None, 0
+    while fetched < limit:
+        want = min(chunk, limit - fetched)
+        page = list((values if after is None else values.filter(pk__gt=after))[:want])
+        if not page:
+            return
+        more = len(page) == want and fetched + want < limit
+        if more:
+            last = page[-1][0]
+            page = [r for r in page if r[0] != last] + list(values.filter(pk=last))
+        yield from page[: limit - fetched]
+        fetched += min(len(page), limit - fetched)
+        if not more:
+            return
+        after = page[-1][0]
 
 
 def _encode_block(

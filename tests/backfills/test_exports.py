@@ -163,6 +163,46 @@ def test_a_to_many_column_never_splits_a_key_between_parts(table: Any, tmp_path:
     assert all(not (a & b) for a, b in itertools.combinations(by_part, 2)), by_part
 
 
+@pytest.mark.parametrize("server_side_cursors", [True, False], ids=["cursor", "by-key"])
+def test_a_part_is_read_a_chunk_at_a_time_and_no_key_is_split(
+    table: Any, tmp_path: Path, server_side_cursors: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part is read ``chunk_size`` rows at a time: through the connection's cursor, or
+    without one (``DISABLE_SERVER_SIDE_CURSORS``, as behind PgBouncer) by key, one query per
+    chunk; a chunk that ends inside a key reads that key whole. Chunks of 3 rows of users of
+    up to 7 groups, in parts of 10: every (user, group) row written once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setitem(
+        connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", not server_side_cursors
+    )
+    groups = [Group.objects.create(name=f"g{n}") for n in range(7)]
+    for n, count in enumerate([1, 3, 7, 0, 2, 2, 5, 6, 1, 4, 7, 3]):
+        User.objects.create_user(f"u{n:02d}").groups.set(groups[:count])
+    expected = sorted(User.objects.values_list("username", "groups__name"))
+    values = User.objects.order_by("pk").values_list("pk", "username", "groups__name")
+    with CaptureQueriesContext(connection) as queries:
+        read = list(exports.first_rows(values, len(expected), 3))
+    assert sorted((u, g) for _, u, g in read) == expected
+    if not server_side_cursors:  # one query per chunk, plus the key a chunk ended inside
+        assert len(queries) >= len(expected) // 3
+    storage = FileSystemStorage(location=tmp_path)
+    handle = feishu_inbox.export(
+        "members",
+        User.objects.all(),
+        columns=["username", "groups__name"],
+        part_rows=10,
+        chunk_size=3,
+        storage=storage,
+    )
+    burst()
+    done = Export.objects.get(uid=handle.uid)
+    assert done.state == "completed", done.error
+    written = read_parts(tmp_path, done)
+    assert sorted((u, g or None) for u, g in written) == expected
+
+
 def test_jsonl_of_a_filtered_queryset_and_an_empty_one(table: Any, tmp_path: Path) -> None:
     backfill_jobs.fill_table(300)
     Row.objects.filter(pk__lte=10).update(data={"tags": ["a", "b"]})
