@@ -43,17 +43,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core import signing
+from django.core.exceptions import FieldError
 from django.core.files.storage import InvalidStorageError
-from django.db import connections, transaction
+from django.db import NotSupportedError, connections, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from .. import telemetry
 from ..conf import checked_settings
-from ..errors import Concluded, LedgerError
+from ..errors import Cancelled, Concluded, LedgerError
 from ..ledger import rules as ledger
 from ..ledger.kinds import JobKind
 from ..runtime import context
+from ..runtime.handlers import safe_point
 from ..tables.backfills import Export, ExportState
 from . import parts
 from .control import estimate_rows
@@ -66,6 +68,10 @@ PREFIX = "export:"
 ATTEMPTS = 1_000_000
 FORMATS = ("csv", "jsonl")
 QUERY_SALT = "feishu_inbox.exports.query"
+#: How a sealed query starts when it carries its database's alias.
+SEALED = "q2"
+#: The largest part_rows and chunk_size (their columns' range).
+MAX_ROWS = 2**31 - 1
 #: An export's name: a folder of its storage, so no '/', and no '..' to climb out of it.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 #: Rows encoded together (a block with an invalid row is encoded again row by row).
@@ -84,16 +90,23 @@ class ExportHandle:
 
 
 def seal(queryset: QuerySet[Any]) -> str:
+    """The query, pickled and signed, with the database the caller chose (``using()``; none:
+    the routers choose again, as for the caller): the alias is the queryset's, not its
+    query's, and a worker that lost it would read another database."""
     raw = base64.b64encode(pickle.dumps(queryset.query)).decode()
-    return signing.Signer(salt=QUERY_SALT).sign(raw)
+    alias = getattr(queryset, "_db", None) or ""  # using(): its own, not its query's
+    return signing.Signer(salt=QUERY_SALT).sign(f"{SEALED}:{raw}:{alias}")
 
 
 def unseal(export: Export) -> QuerySet[Any]:
-    raw = signing.Signer(salt=QUERY_SALT).unsign(export.query)
-    query = pickle.loads(base64.b64decode(raw))  # noqa: S301  (signed by this site)
+    value = signing.Signer(salt=QUERY_SALT).unsign(export.query)
+    alias = ""
+    if value.startswith(f"{SEALED}:"):  # (base64 has no ':'); before it: the query alone
+        _, value, alias = value.split(":", 2)
+    query = pickle.loads(base64.b64decode(value))  # noqa: S301  (signed by this site)
     queryset = query.model._default_manager.all()
     queryset.query = query
-    return queryset
+    return queryset.using(alias) if alias else queryset
 
 
 def export(
@@ -121,20 +134,26 @@ def export(
         problems.append("columns must be a list of field names (lookups like 'customer__name')")
     if format not in FORMATS:
         problems.append(f"format must be csv or jsonl (got {format!r})")
-    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
-        problems.append(f"part_rows must be a whole number >= 1 (got {part_rows!r})")
+    for what, value, most in (
+        ("part_rows", part_rows, MAX_ROWS),
+        ("chunk_size", chunk_size, MAX_ROWS),
+        ("max_part_bytes", 1 if max_part_bytes is None else max_part_bytes, 2**63 - 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            problems.append(f"{what} must be a whole number from 1 to {most} (got {value!r})")
     if on_invalid not in ("fail", "skip"):
         problems.append(f"on_invalid must be 'fail' or 'skip' (got {on_invalid!r})")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        problems.append(f"chunk_size must be a whole number >= 1 (got {chunk_size!r})")
+    if isinstance(queryset, QuerySet):
+        problems += unreadable_by_key(queryset)
     try:
         where = parts.storage_spec(storage)
     except (ValueError, InvalidStorageError, AttributeError, TypeError) as exc:
         problems.append(f"storage: {exc}")
     if problems:
         raise LedgerError("export was refused: " + "; ".join(problems) + ".")
-    try:
-        queryset.values_list("pk", *columns).query.get_compiler(queryset.db).as_sql()
+    try:  # the worker's own query: in key order, after a key
+        rows = queryset.order_by("pk").filter(pk__gt=F("pk")).values_list("pk", *columns)
+        rows.query.get_compiler(queryset.db).as_sql()
     except Exception as exc:
         raise LedgerError(
             f"export was refused: its columns do not fit the query ({exc})."
@@ -154,7 +173,9 @@ def export(
             prefix=prefix,
             part_rows=part_rows,
             chunk_size=chunk_size,
-            max_part_bytes=max_part_bytes or conf.EXPORT_MAX_PART_BYTES,
+            max_part_bytes=(
+                conf.EXPORT_MAX_PART_BYTES if max_part_bytes is None else max_part_bytes
+            ),
             on_invalid=on_invalid,
             created_at=timezone.now(),
         )
@@ -168,6 +189,24 @@ def export(
         ).job_id
         Export.objects.filter(pk=row.pk).update(job_id=job_id)
     return ExportHandle(uid, job_id, prefix)
+
+
+def unreadable_by_key(queryset: QuerySet[Any]) -> list[str]:
+    """Why the worker could not read ``queryset`` in key order after a key, part after part
+    (each would fail every attempt): the problems to refuse it with."""
+    query, found = queryset.query, []
+    if query.is_sliced:
+        found.append("queryset must not be sliced (the export reads all its rows, part by part)")
+    if query.combinator:
+        found.append(
+            f"queryset must not be a {query.combinator}() (the export filters it by key: "
+            "export each part of it, or filter one queryset with Q objects)"
+        )
+    if query.distinct_fields:
+        found.append("queryset must not use distinct(fields) (the export orders it by key)")
+    if getattr(queryset.model._meta, "is_composite_pk", False):
+        found.append("queryset's model must have a single-column primary key (its cursor)")
+    return found
 
 
 def run(event: context.Event) -> None:
@@ -190,7 +229,7 @@ def run(event: context.Event) -> None:
     storage = row.open_storage()
     try:
         while not row.manifest:  # set: the parts are closed (a killed finish, to end)
-            ctx.ensure_alive()
+            safe_point()  # a lost lease, or an operator's cancel
             fetched, upto = write_part(row, queryset, storage)
             if upto is not None and fetched < row.part_rows:  # the rows ran out after it
                 ctx.ensure_alive()
@@ -200,10 +239,23 @@ def run(event: context.Event) -> None:
                 return
         finish(row, storage)
     except ExportError as exc:
-        Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
-            state=ExportState.FAILED, error=exc.described(), finished_at=timezone.now()
-        )
+        _fail(row, exc.described())
         raise Concluded(type(exc).__name__, exc.described()) from exc
+    except Cancelled:
+        _fail(row, f"Export {uid}: cancelled by an operator.")
+        raise
+    except (TypeError, ValueError, FieldError, NotSupportedError) as exc:
+        # The query cannot be read as the export reads it (a model changed under it): no
+        # attempt would go further.
+        why = f"Export {uid}: its rows cannot be read ({type(exc).__name__}: {exc})."
+        _fail(row, why)
+        raise Concluded("ExportQueryUnreadable", why) from exc
+
+
+def _fail(row: Export, why: str) -> None:
+    Export.objects.filter(pk=row.pk, state=ExportState.RUNNING).update(
+        state=ExportState.FAILED, error=why, finished_at=timezone.now()
+    )
 
 
 def write_part(row: Export, queryset: QuerySet[Any], storage: Any) -> tuple[int, int | None]:
@@ -299,14 +351,14 @@ def first_rows(values: QuerySet[Any], limit: int, chunk: int) -> Iterator[Any]:
         if not page:
             return
         more = len(page) == want and fetched + want < limit
-        if more:
-            last = page[-1][0]
+        last = page[-1][0]
+        if more:  # (the key may be gone meanwhile: then none of its rows)
             page = [r for r in page if r[0] != last] + list(values.filter(pk=last))
         yield from page[: limit - fetched]
         fetched += min(len(page), limit - fetched)
         if not more:
             return
-        after = page[-1][0]
+        after = last
 
 
 def _encode_block(

@@ -169,28 +169,40 @@ def digest(content: IO[bytes]) -> str:
     return sha.hexdigest()
 
 
-#: A storage's argument that holds a credential (django-storages' ``access_key``,
-#: ``secret_key``, ``account_key``, ``password``…): such a storage is passed by its alias.
-SECRET_ARGUMENT = re.compile(
-    r"secret|password|passwd|token|credential|access_key|account_key|private", re.I
+#: The arguments a storage object may be passed with (a file system's: FileSystemStorage's,
+#: InMemoryStorage's): what a storage is made with is written to the export's row, so a
+#: storage made with anything else (a bucket's keys, a connection string, a password nested
+#: in its options or a URL's user) is passed by its alias of settings.STORAGES instead.
+PLAIN_ARGUMENTS = frozenset(
+    {
+        "location",
+        "base_url",
+        "file_permissions_mode",
+        "directory_permissions_mode",
+        "allow_overwrite",
+    }
 )
+#: A URL with a user (and maybe a password) in it: ``scheme://user:pass@host``.
+URL_USER = re.compile(r"://[^/@\s]*@")
 
 
 def storage_spec(storage: Storage | str | None) -> dict[str, Any]:
     """How a worker finds the storage again: an alias of settings.STORAGES, or a storage
-    that deconstructs (every Django and django-storages storage does)."""
+    that deconstructs (every Django and django-storages storage does) and is made with no
+    more than a file system's arguments."""
     if storage is None:
         return {"alias": "default"}
     if isinstance(storage, str):
         storages[storage]  # raises InvalidStorageError for an unknown alias
         return {"alias": storage}
     path, args, kwargs = storage.deconstruct()  # type: ignore[attr-defined]
-    secret = sorted(k for k in kwargs if SECRET_ARGUMENT.search(k))
-    if secret:
+    other = sorted(k for k in kwargs if k not in PLAIN_ARGUMENTS)
+    if args or other or any(URL_USER.search(str(v)) for v in kwargs.values()):
+        made_with = ", ".join([*(["positional arguments"] if args else []), *other]) or "a URL"
         raise ValueError(
-            f"the storage was made with {', '.join(secret)}, which would be stored in the "
-            "export's row in the database: name it in settings.STORAGES and pass its alias "
-            "(storage='exports')"
+            f"the storage was made with {made_with}, which would be stored in the export's row "
+            "in the database (and may hold a credential): name it in settings.STORAGES and "
+            "pass its alias (storage='exports')"
         )
     # JSON, as the worker will read it (a location given as a Path becomes its text).
     return json.loads(json.dumps({"path": path, "args": list(args), "kwargs": kwargs}, default=str))

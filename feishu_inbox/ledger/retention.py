@@ -119,11 +119,25 @@ def purge_exports(retention_seconds: float, batch: int) -> int:
     cannot be deleted (its storage is away) is kept, and tried again next time."""
     from datetime import timedelta
 
+    from django.db.models import Exists, OuterRef
     from django.utils import timezone
 
-    from ..tables.backfills import Export
+    from ..models import EventJob, Status
+    from ..tables.backfills import Export, ExportState
 
-    before = timezone.now() - timedelta(seconds=retention_seconds)
+    now = timezone.now()
+    # An export whose job ended without ending it (an operator cancelled the job before it
+    # ran, or its attempts ran out) would stay running for ever: it failed, and is purged in
+    # its turn.
+    ended = EventJob.objects.filter(
+        pk=OuterRef("job_id"), status__in=[Status.COMPLETED, Status.FAILED]
+    )
+    Export.objects.filter(state=ExportState.RUNNING).filter(Exists(ended)).update(
+        state=ExportState.FAILED,
+        error="Its job ended before the export did (cancelled by an operator?).",
+        finished_at=now,
+    )
+    before = now - timedelta(seconds=retention_seconds)
     removed = 0
     for export in Export.objects.filter(finished_at__lt=before).order_by("finished_at")[:batch]:
         try:

@@ -1,7 +1,8 @@
 """Exports on real ``runworker`` processes (SPEC §9i): 200,000 rows to the file-system storage
 with the worker SIGKILLed inside parts end with a manifest and parts whose rows, read back,
-equal the queryset exactly once each (a part retried overwrites itself: no stray file); the
-worker's memory stays flat (RSS measured) over 1,000,000 rows."""
+equal the queryset exactly once each (a part retried is written again under a name of its
+own, and the files no commit recorded are deleted); the worker's memory stays flat (RSS
+measured) over 1,000,000 rows."""
 
 from __future__ import annotations
 

@@ -8,11 +8,13 @@ memory on real workers are in ``test_export_workers.py``."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
 import io
 import itertools
 import json
+import pickle
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, Permission, User
+from django.core import signing
 from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 from django.db import transaction
@@ -286,6 +289,14 @@ class WithSecret(FileSystemStorage):
         self._constructor_args = ((), {"secret_key": secret_key, **kwargs})
 
 
+class Made(FileSystemStorage):
+    """A storage that deconstructs into whatever it was made with (as django-storages' do)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._constructor_args = ((), kwargs)
+
+
 def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_commits(
     table: Any,
 ) -> None:
@@ -298,6 +309,28 @@ def test_an_export_is_refused_with_every_problem_and_exists_only_if_its_caller_c
             feishu_inbox.export(bad, Row.objects.all(), columns=["id"])
     with pytest.raises(LedgerError, match=r"secret_key.*settings\.STORAGES"):
         feishu_inbox.export("x", Row.objects.all(), columns=["id"], storage=WithSecret())
+    # What a storage is made with is written to the row: a credential nested in its options,
+    # a connection string or a URL's user would be too, so only a file system's arguments go.
+    for made_with in (
+        {"params": {"password": "hunter2"}},
+        {"connection_string": "AccountName=x;AccountKey=c2VjcmV0"},
+        {"location": "ftp://user:hunter2@files.example.com/exports"},
+    ):
+        with pytest.raises(LedgerError, match=r"settings\.STORAGES") as caught:
+            feishu_inbox.export("x", Row.objects.all(), columns=["id"], storage=Made(**made_with))
+        assert "hunter2" not in str(caught.value) and "c2VjcmV0" not in str(caught.value)
+    # Queries the worker could not read in key order after a key: every attempt would fail.
+    for query, why in (
+        (Row.objects.all()[:5], "sliced"),
+        (Row.objects.filter(id=1).union(Row.objects.filter(id=2)), "union"),
+    ):
+        with pytest.raises(LedgerError, match=why):
+            feishu_inbox.export("x", query, columns=["id"])
+    for bad in (-1, 0, "big", True, 2**63):
+        with pytest.raises(LedgerError, match="max_part_bytes must be a whole number"):
+            feishu_inbox.export("x", Row.objects.all(), columns=["id"], max_part_bytes=bad)
+    with pytest.raises(LedgerError, match="chunk_size must be a whole number"):
+        feishu_inbox.export("x", Row.objects.all(), columns=["id"], chunk_size=2**31)
     with pytest.raises(LedgerError, match=r"storage: .*nowhere"):
         feishu_inbox.export("x", Row.objects.all(), columns=["id"], storage="nowhere")
     with pytest.raises(LedgerError, match="columns do not fit"):
@@ -372,3 +405,54 @@ def test_a_query_whose_signature_does_not_hold_is_never_unpickled(table: Any) ->
     assert failed.state == "failed" and "BadSignature" in failed.error
     job = EventJob.objects.get(pk=handle.job_id)
     assert (job.status, job.error_type) == ("completed", "ExportQueryUnreadable")
+
+
+def test_an_export_reads_the_database_its_queryset_was_given(
+    table: Any, other_database: str, tmp_path: Path
+) -> None:
+    """``using()`` is the queryset's, not its query's: the worker reads that database (the
+    part written here, in this thread: the second alias is this thread's connection only)."""
+    Row.objects.using(other_database).bulk_create([Row(id=n, label=f"other {n}") for n in (1, 2)])
+    Row.objects.bulk_create([Row(id=n, label=f"default {n}") for n in (1, 2, 3)])
+    storage = FileSystemStorage(location=tmp_path)
+    handle = feishu_inbox.export(
+        "other", Row.objects.using(other_database).all(), columns=["id", "label"], storage=storage
+    )
+    row = Export.objects.get(uid=handle.uid)
+    assert exports.unseal(row).db == other_database
+    exports.write_part(row, exports.unseal(row), storage)
+    assert read_parts(tmp_path, Export.objects.get(uid=handle.uid)) == [
+        ["1", "other 1"],
+        ["2", "other 2"],
+    ]
+    assert exports.unseal(Export(query=exports.seal(Row.objects.all()))).db == "default"
+    # An export enqueued before the alias was kept: its query alone, read as before.
+    query = base64.b64encode(pickle.dumps(Row.objects.filter(id=2).query)).decode()
+    legacy = signing.Signer(salt=exports.QUERY_SALT).sign(query)
+    assert list(exports.unseal(Export(query=legacy)).values_list("label", flat=True)) == [
+        "default 2"
+    ]
+
+
+def test_an_export_whose_job_is_cancelled_fails_and_is_purged(table: Any, tmp_path: Path) -> None:
+    """An operator's cancel of an export's job that has not run (or runs) ends the export as
+    failed, never running for ever: retention then removes it and its files."""
+    from feishu_inbox.ledger import operators
+
+    backfill_jobs.fill_table(30)
+    storage = FileSystemStorage(location=tmp_path)
+    handle = feishu_inbox.export(
+        "cancelled", Row.objects.all(), columns=["id"], part_rows=10, storage=storage
+    )
+    row = Export.objects.get(uid=handle.uid)
+    exports.write_part(row, exports.unseal(row), storage)  # a part landed, then the job stops
+    operators.cancel([handle.job_id])
+    burst()
+    assert EventJob.objects.get(pk=handle.job_id).status == "completed"
+    call_command("inbox", "purge")
+    failed = Export.objects.get(uid=handle.uid)
+    assert failed.state == "failed" and "cancelled" in failed.error and failed.finished_at
+    Export.objects.filter(uid=handle.uid).update(finished_at=timezone.now() - timedelta(days=30))
+    call_command("inbox", "purge")
+    assert not Export.objects.filter(uid=handle.uid).exists()
+    assert not list((tmp_path / handle.prefix).iterdir())
