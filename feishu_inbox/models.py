@@ -288,6 +288,14 @@ class Partition(models.Model):
                 name="feishu_inbox_part_running",
                 condition=Q(head_state=PartitionState.RUNNING),
             ),
+            # Whether a claimable head has a priority other than 0 (the fair claim then reads
+            # every tenant: feishu_inbox_claim_fair): empty where every job has priority 0.
+            models.Index(
+                fields=["head_priority"],
+                name="feishu_inbox_part_ranked",
+                condition=Q(head_state__in=[PartitionState.QUEUED, PartitionState.RETRY_WAIT])
+                & ~Q(head_priority=0),
+            ),
             # Next wake-up: the earliest due time among claimable heads.
             models.Index(
                 fields=["head_due_at"],

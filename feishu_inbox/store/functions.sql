@@ -431,12 +431,14 @@ $$;
 -- 0039_fair_claims.sql: the claim while several tenants have claimable heads
 -- (feishu_inbox_claim and feishu_inbox_claim_prefixed call it; p_prefixes NULL: every queue).
 --
--- (0040:) a bounded ring of tenants from a cursor (the tenant of the last attempt ended;
--- the ring passes over the running tenants) instead of every tenant with
--- claimable heads: a claim with 1,000 tenants cost 6.3 ms, now 0.6 ms, as with one. Ties of
--- share go to the ring's order (the older head's before). Each contender's heads are read up
--- to a bound on the claim's last share. Generic plans (plan_cache_mode): planning the
--- statement anew cost more than running it.
+-- (0040:) where every weight is 1 and every claimable head has priority 0, a bounded ring of
+-- tenants from a cursor (of the last attempts ended, the tenant of the one claimed last; the
+-- ring passes over the running tenants) instead of every tenant with claimable heads: a claim
+-- with 1,000 tenants cost 6.3 ms, now 0.6 ms, as with one. Otherwise every tenant, as before.
+-- Ties of share go to the ring's order (the older head's before). Each contender's heads are
+-- read up to a bound on the claim's last share. A claim that took nothing while heads were
+-- locked walks past them. Generic plans (plan_cache_mode): planning the statement anew cost
+-- more than running it.
 CREATE OR REPLACE FUNCTION feishu_inbox_claim_fair(
     p_worker text, p_token text, p_lease float8, p_limit integer, p_prefixes text[],
     p_excluding boolean
@@ -446,26 +448,40 @@ DECLARE
     v_after text;
     v_first text;
     v_wanted integer := greatest(p_limit, 1);
+    v_uniform boolean;
+    v_count bigint;
 BEGIN
-    -- the ring's cursor: the tenant of the last attempt ended (the history's newest row, by
-    -- its key; none: the ring starts at its first tenant). The tenants claimed since then
-    -- run, and the ring passes over running tenants: it starts where the claims stopped.
-    -- And the ring's first tenant.
-    SELECT j.tenant INTO v_after FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-    ORDER BY a.id DESC LIMIT 1;
+    -- the ring's cursor: of the last 16 attempts ended (the history's newest rows, by its
+    -- key), the tenant of the one claimed last (a batch's attempts are written in job order,
+    -- and a slow job ends after the ones claimed after it); none: the ring starts at its
+    -- first tenant. The tenants claimed since then run, and the ring passes over running
+    -- tenants: it starts where the claims stopped. And the ring's first tenant.
+    SELECT x.tenant INTO v_after FROM (
+        SELECT j.tenant, a.started_at FROM {attempt} a JOIN {job} j ON j.id = a.job_id
+        ORDER BY a.id DESC LIMIT 16
+    ) x ORDER BY x.started_at DESC, x.tenant DESC LIMIT 1;
     SELECT p.head_tenant INTO v_first FROM {partition} p WHERE p.head_state IN {claimable}
     ORDER BY p.head_tenant LIMIT 1;
+    -- uniform: every weight 1 and every claimable head of priority 0 (through the partial
+    -- index feishu_inbox_part_ranked: empty on a site whose jobs all have priority 0). Then
+    -- a fresh tenant's first head has the share 1, the least there is, whichever tenant's it
+    -- is, and the ring's first p_limit fresh tenants are the claim's: the ring stops there.
+    -- Otherwise a fresh tenant past them could come first (a task above 0, a weight above
+    -- 1, or theirs below), and the ring goes round every tenant, as 0039's claim read them.
+    v_uniform := NOT EXISTS (SELECT 1 FROM {tenant_weight} w WHERE w.weight <> 1)
+        AND NOT EXISTS (SELECT 1 FROM {partition} p
+                        WHERE p.head_state IN {claimable} AND p.head_priority <> 0);
     -- claimable_heads_fair, claim_partitions and claim_jobs in one statement:
     -- * ring: the tenants with claimable heads in key order, from the one after the cursor
     --   round to the cursor, one probe of the claimable index each (a loose index scan),
-    --   until p_limit tenants with no running chat and a due head (eligible) are found or
-    --   the ring is closed;
+    --   until p_limit tenants with no running chat and a due head (eligible) are found (when
+    --   uniform) or the ring is closed;
     -- * running: each tenant's running jobs, as its chats' running heads (a chat runs one
     --   job at a time), through the partial index feishu_inbox_part_running: as many
     --   entries as the workers' slots and buffers hold, whatever the idle chats;
-    -- * contenders: the ring's eligible tenants, and the p_limit running tenants with a due
-    --   head whose next head has the lowest share (only these can take a slot before the
-    --   eligible ones' firsts);
+    -- * contenders: the ring's eligible tenants, and the p_limit running tenants whose first
+    --   due head ranks first (priority, share, the older head: a running tenant whose first
+    --   head ranks after p_limit others' has no head in the claim);
     -- * candidates (read, not locked): each contender's first due heads in its own order
     --   (priority, then receipt), the k-th of tenant t with the share (running_t + k) /
     --   weight_t, ranked first by priority (across tenants too: a task above 0 runs before
@@ -533,7 +549,7 @@ BEGIN
                                OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
                                           WHERE left(p.key, length(q.prefix)) = q.prefix)
                                   <> p_excluding)) AS eligible OFFSET 0) e
-        WHERE r.found < v_wanted AND s.tenant IS NOT NULL
+        WHERE (r.found < v_wanted OR NOT v_uniform) AND s.tenant IS NOT NULL
     ), running AS (
         SELECT p.head_tenant AS tenant, count(*) AS n FROM {partition} p
         WHERE p.head_state = '{running}' GROUP BY p.head_tenant
@@ -542,14 +558,18 @@ BEGIN
         UNION ALL
         (SELECT rn.tenant, NULL::integer FROM running rn
          LEFT JOIN {tenant_weight} w ON w.tenant = rn.tenant
-         WHERE EXISTS (SELECT 1 FROM {partition} p
-                       WHERE p.head_state IN {claimable} AND p.head_tenant = rn.tenant
-                         AND p.head_due_at <= now()
-                         AND (p_prefixes IS NULL
-                              OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
-                                         WHERE left(p.key, length(q.prefix)) = q.prefix)
-                                 <> p_excluding))
-         ORDER BY (rn.n + 1) / COALESCE(w.weight, 1.0), rn.tenant LIMIT p_limit)
+         CROSS JOIN LATERAL (
+             SELECT p.head_priority, p.head_id FROM {partition} p
+             WHERE p.head_state IN {claimable} AND p.head_tenant = rn.tenant
+               AND p.head_due_at <= now()
+               AND (p_prefixes IS NULL
+                    OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
+                               WHERE left(p.key, length(q.prefix)) = q.prefix)
+                       <> p_excluding)
+             ORDER BY p.head_priority DESC, p.head_id LIMIT 1
+         ) f
+         ORDER BY f.head_priority DESC, (rn.n + 1) / COALESCE(w.weight, 1.0), f.head_id
+         LIMIT p_limit)
     ), sized AS (
         SELECT t.tenant, t.pos, COALESCE(r.n, 0) AS n, COALESCE(w.weight, 1.0) AS weight
         FROM contenders t
@@ -626,6 +646,33 @@ BEGIN
     ), part AS (
         -- by key (an array, as the jobs below): a join here was planned (generic) as a hash
         -- of every partition's key
+        UPDATE {partition} SET head_state = '{running}'
+        WHERE {partition}.key = ANY (ARRAY(SELECT key FROM picked))
+    )
+    UPDATE {job} SET status = '{running}', attempt = {job}.attempt + 1,
+        worker_id = p_worker, lease_token = p_token,
+        lease_until = now() + p_lease * interval '1 second', claimed_at = now(),
+        error_type = '', error_message = '', cancel_requested = FALSE
+    WHERE {job}.id = ANY (ARRAY(SELECT head_id FROM picked))
+      AND ({job}.status IN {claimable}) IS TRUE
+    RETURNING {job}.*;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        RETURN;
+    END IF;
+    -- Nothing claimed: every quota fell on heads another claimer holds (the quotas are
+    -- counted before the locks). Never empty while a due head is free: the due heads in
+    -- the claimable index's order, past the locked ones.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.key, p.head_id FROM {partition} p
+        WHERE p.head_state IN {claimable} AND p.head_due_at <= now()
+          AND (p_prefixes IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS q(prefix)
+                          WHERE left(p.key, length(q.prefix)) = q.prefix) <> p_excluding)
+        ORDER BY p.head_tenant, p.head_priority DESC, p.head_id LIMIT p_limit
+        FOR UPDATE OF p SKIP LOCKED
+    ), part AS (
         UPDATE {partition} SET head_state = '{running}'
         WHERE {partition}.key = ANY (ARRAY(SELECT key FROM picked))
     )

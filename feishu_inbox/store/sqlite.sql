@@ -68,8 +68,9 @@ ORDER BY head_priority DESC, head_id LIMIT %(limit)s
 -- While several tenants have claimable heads: the k-th due head of tenant t (in its own order:
 -- priority, then receipt) has the share (running_t + k) / weight_t (running_t: its chats'
 -- running heads), and the heads are claimed by priority (across tenants too), then the lowest
--- share, then the ring's order (tenants in key order from the one after the cursor: the
--- tenant of the last attempt ended), then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or
+-- share, then the ring's order among tenants that run nothing (in key order from the one
+-- after the cursor: of the last attempts ended, the tenant of the one claimed last), running
+-- tenants after them, then the older head, as feishu_inbox_claim_fair does. Only in the queues of %(prefixes)s, or
 -- (%(excluding)s) outside them: every partition with no prefixes and excluding. Only on
 -- SQLite (PostgreSQL: feishu_inbox_claim_fair(), which reads a bounded ring of tenants; here
 -- every due head is ranked, as few as an embedded ledger holds).
@@ -77,8 +78,11 @@ WITH running AS (
     SELECT head_tenant AS tenant, count(*) AS n FROM {partition}
     WHERE head_state = '{running}' GROUP BY head_tenant
 ), cursor AS (
-    SELECT j.tenant AS tenant FROM {attempt} a JOIN {job} j ON j.id = a.job_id
-    ORDER BY a.id DESC LIMIT 1
+    SELECT tenant FROM (
+        SELECT j.tenant AS tenant, a.started_at AS started_at
+        FROM {attempt} a JOIN {job} j ON j.id = a.job_id
+        ORDER BY a.id DESC LIMIT 16
+    ) ORDER BY started_at DESC, tenant DESC LIMIT 1
 ), ranked AS (
     SELECT {partition}.key AS key, head_id, head_priority, head_tenant,
            row_number() OVER (PARTITION BY head_tenant
@@ -94,7 +98,10 @@ LEFT JOIN {tenant_weight} w ON w.tenant = ranked.head_tenant
 WHERE ranked.rank <= %(limit)s
 ORDER BY ranked.head_priority DESC,
          (COALESCE(running.n, 0) + ranked.rank) / COALESCE(w.weight, 1.0),
-         COALESCE(ranked.head_tenant <= (SELECT tenant FROM cursor), 0), ranked.head_tenant,
+         running.n IS NOT NULL,
+         CASE WHEN running.n IS NULL
+              THEN COALESCE(ranked.head_tenant <= (SELECT tenant FROM cursor), 0) END,
+         CASE WHEN running.n IS NULL THEN ranked.head_tenant END,
          ranked.head_id
 LIMIT %(limit)s
 
@@ -104,11 +111,13 @@ UPDATE {partition} SET head_state = '{running}'
 WHERE key IN {keys}
 
 -- claim_jobs --
--- The heads run under a new lease. Only on SQLite (PostgreSQL: feishu_inbox_claim()).
+-- The heads run under a new lease. Only on SQLite (PostgreSQL: feishu_inbox_claim()). One
+-- claim time for all of them, as PostgreSQL's now() (here a function called per row): the fair
+-- claim's ring reads which was claimed last.
 UPDATE {job} SET status = '{running}', attempt = attempt + 1,
     worker_id = %(worker_id)s, lease_token = %(token)s,
     lease_until = feishu_inbox_now_plus(%(lease_seconds)s),
-    claimed_at = now(), error_type = '', error_message = '', cancel_requested = FALSE
+    claimed_at = (SELECT now()), error_type = '', error_message = '', cancel_requested = FALSE
 WHERE id IN {job_ids} AND status IN {claimable}
 RETURNING {claimed_columns}
 

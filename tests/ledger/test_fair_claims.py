@@ -239,3 +239,138 @@ def test_a_tenant_short_of_heads_leaves_its_slots_to_the_others() -> None:
     )
     flood("b", 20, 1)
     assert tenants_of(ledger.claim("w1", limit=6)) == {"a": 1, "b": 5}
+
+
+def test_urgent_task_of_a_tenant_past_the_ring_window_limit_1() -> None:
+    """A one-slot claim (a slot's finish and claim): B's task at priority 100 comes before
+    A's chats and the site's bulk work at -100, though the ring would stop at its first
+    tenant: with a priority set the ring goes round every tenant (0040's first version
+    stopped)."""
+    for n in range(6):
+        ranked("", n, -100)
+        ranked("a", n, 0)
+    urgent = ranked("b", 0, 100)
+    [job] = ledger.claim("w1", limit=1)
+    assert job.id == urgent, tenants_of([job])
+
+
+def test_urgent_task_of_a_running_tenant_with_a_higher_share() -> None:
+    """No tenant is idle: A runs 1 (next share 2), B runs 2 (next share 3) and has a task at
+    priority 100: priority comes before shares, so the one slot is B's task."""
+    flood("a", 2, 1)
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"a": 1}
+    flood("b", 3, 1)
+    assert tenants_of(ledger.claim("w1", limit=2, keys=KeyFilter(("chat:b-",)))) == {"b": 2}
+    urgent = ranked("b", 0, 100)
+    [job] = ledger.claim("w1", limit=1)
+    assert job.id == urgent, tenants_of([job])
+
+
+def test_a_heavier_idle_tenant_past_the_ring_window() -> None:
+    """C has weight 3 (first share 1/3), A and B weight 1 (share 1), none runs: C's head
+    first, though C is past the ring's first tenant."""
+    TenantWeight.objects.create(tenant="c", weight=3)
+    flood("a", 2, 1)
+    flood("b", 2, 1)
+    flood("c", 2, 1)
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"c": 1}
+
+
+def test_light_weights_leave_a_lower_share_its_slot() -> None:
+    """A and B weight 0.5 (first share 2), C weight 1 (share 1): a claim of 2 takes C's head
+    and one of A's/B's."""
+    TenantWeight.objects.create(tenant="a", weight=0.5)
+    TenantWeight.objects.create(tenant="b", weight=0.5)
+    flood("a", 2, 1)
+    flood("b", 2, 1)
+    flood("c", 2, 1)
+    assert tenants_of(ledger.claim("w1", limit=2))["c"] == 1
+
+
+def test_tie_between_a_running_and_an_idle_tenant() -> None:
+    """A (weight 2) runs 1 job, so its next share is (1 + 1) / 2 = 1; B runs nothing (share
+    1). Equal shares: the tenants that run nothing first, on both databases."""
+    TenantWeight.objects.create(tenant="a", weight=2)
+    flood("a", 3, 1)
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"a": 1}
+    flood("b", 2, 1)
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"b": 1}
+
+
+def test_tie_between_running_tenants_older_head() -> None:
+    """A and B each run 1 chat and have one more due head (B's the older); C runs nothing.
+    A claim of 2: C (share 1), then of A and B (share 2 each) the older head, B's (running
+    tenants have no place in the ring), on both databases."""
+    flood("b", 1, 1, prefix="x")  # b's due head, oldest
+    flood("a", 1, 1, prefix="x")
+    flood("a", 1, 1, prefix="y")
+    flood("b", 1, 1, prefix="y")
+    assert tenants_of(ledger.claim("w1", limit=2, keys=KeyFilter(("y:",)))) == {"a": 1, "b": 1}
+    flood("c", 1, 1, prefix="x")
+    assert tenants_of(ledger.claim("w1", limit=2)) == {"c": 1, "b": 1}
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_second_claimer_not_empty_while_another_tenants_head_is_free() -> None:
+    """A has one due head, B one: W1 holds A's (uncommitted), and W2's one-slot claim, whose
+    quota fell on A's, takes B's: never empty while a due head is free."""
+    flood("a", 1, 1)
+    flood("b", 1, 1)
+    with held_open(lambda: [j.id for j in ledger.claim("w1", limit=1)]) as first:
+        second = [j.id for j in ledger.claim("w2", limit=1)]
+    assert len(first) == 1 and len(second) == 1
+
+
+def _tenants(n: int) -> list[str]:
+    tenants = [f"t{i:02d}" for i in range(n)]
+    for r in range(3):  # each tenant one chat of 3 jobs, newest ids in the lowest keys
+        for tenant in reversed(tenants):
+            ledger.enqueue(
+                event_id=f"{tenant}-{r}",
+                event_type="test.noop",
+                partition_key=f"chat:{tenant}",
+                payload={},
+                tenant=tenant,
+            )
+    return tenants
+
+
+def _tenant(job: ledger.ClaimedJob) -> str:
+    return EventJob.objects.get(pk=job.id).tenant
+
+
+def test_a_slow_slot_does_not_send_the_ring_back() -> None:
+    """Four slots claim t00..t03; t00's job is the slowest. Each slot that ends claims one:
+    t04, t05, t06, then (t00 ends) t07, not a second job of t01 while t07..t11 wait for their
+    first: the ring's cursor is the last claimed of the attempts ended, not the last ended."""
+    _tenants(12)
+    jobs = {_tenant(j): j for j in ledger.claim("w1", limit=4)}
+    assert sorted(jobs) == ["t00", "t01", "t02", "t03"]
+    got = []
+    for tenant in ["t01", "t02", "t03", "t00"]:
+        ledger.finish(jobs[tenant].lease)
+        [job] = ledger.claim("w1", limit=1)
+        got.append(_tenant(job))
+    assert got == ["t04", "t05", "t06", "t07"]
+
+
+def test_a_batch_of_finishes_does_not_send_the_ring_back() -> None:
+    """The same with one batch: four finishes (their history rows written in job order) and
+    the claim of four in one statement go on to t04..t07."""
+    _tenants(12)
+    jobs = {_tenant(j): j for j in ledger.claim("w1", limit=4)}
+    finishes = [(jobs[t].lease, "") for t in ["t03", "t02", "t01", "t00"]]
+    _, claimed = ledger.finish_batch("w1", finishes, limit=4, token=ledger.new_token())
+    assert sorted(_tenant(j) for j in claimed) == ["t04", "t05", "t06", "t07"]
+
+
+def test_running_tenants_contend_by_their_first_heads_rank() -> None:
+    """A and B each run 1 chat and have one more due head (B's the older); nothing idle. A
+    one-slot claim takes B's: the running tenants that contend are cut by their first head's
+    rank (priority, share, the older head), as the claim ranks them."""
+    flood("b", 1, 1, prefix="x")
+    flood("a", 1, 1, prefix="x")
+    flood("a", 1, 1, prefix="y")
+    flood("b", 1, 1, prefix="y")
+    assert tenants_of(ledger.claim("w1", limit=2, keys=KeyFilter(("y:",)))) == {"a": 1, "b": 1}
+    assert tenants_of(ledger.claim("w1", limit=1)) == {"b": 1}
