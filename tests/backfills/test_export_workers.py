@@ -54,7 +54,7 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
         "orders",
         Row.objects.all(),
         columns=["id", "label"],
-        # 20 parts: room for the two measured and five kills however many parts a worker
+        # 20 parts: room for the two measured and eight kills however many parts a worker
         # writes between two polls (with 8, a CI run's export ended before its last kill)
         part_rows=10_000,
         chunk_size=1000,
@@ -66,8 +66,12 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     first, started = export_row(handle.uid).part_count, time.monotonic()
     wait_for(lambda: export_row(handle.uid).part_count > first, 120, "the second part")
     part_seconds = time.monotonic() - started
-    inside = 0
-    for _ in range(5):
+    inside = kills = 0
+    # Kills until three of them cut a part (at most 8: 20 parts leave room). A kill meant for
+    # inside a part can land after it on a loaded machine (the part just seen may have landed
+    # a poll ago): what the test proves is the cuts, not the count of kills.
+    while inside < 3 and kills < 8 and export_row(handle.uid).part_count < 18:
+        kills += 1
         before = export_row(handle.uid).part_count
         wait_for(lambda b=before: export_row(handle.uid).part_count > b, 120, "a part to land")
         landed = export_row(handle.uid).part_count
@@ -77,7 +81,7 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
         worker.wait(10)
         inside += export_row(handle.uid).part_count == landed
         worker = start_worker(workers)
-    assert inside >= 3, inside  # most kills cut a part (the others fell between two)
+    assert inside >= 3, (inside, kills)  # three kills cut a part (the others fell between two)
     wait_for(lambda: export_row(handle.uid).state != "running", 180, "the export to end")
     done = export_row(handle.uid)
     assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 20)
