@@ -44,10 +44,13 @@ def as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", SERVER_USER, "--", *command] if os.geteuid() == 0 else command
 
 
-def pg_ctl(data: Path, *args: str, check: bool = True) -> None:
-    """``pg_ctl -D data ARGS``, as the user who owns the cluster; waits (``-w``)."""
-    command = as_server_user([str(server_bin() / "pg_ctl"), "-D", str(data), "-w", *args])
-    subprocess.run(command, check=check, timeout=60, stdout=subprocess.DEVNULL)
+def pg_ctl(data: Path, *args: str, check: bool = True, wait: int = 60) -> None:
+    """``pg_ctl -D data ARGS``, as the user who owns the cluster; waits (``-w``) up to
+    ``wait`` seconds."""
+    command = as_server_user(
+        [str(server_bin() / "pg_ctl"), "-D", str(data), "-w", "-t", str(wait), *args]
+    )
+    subprocess.run(command, check=check, timeout=wait + 10, stdout=subprocess.DEVNULL)
 
 
 def main(command: list[str]) -> int:
