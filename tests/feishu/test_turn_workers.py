@@ -11,13 +11,15 @@ nothing; ``/stop`` and the card's stop button end the streamed card "stopped" wi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,8 @@ from tests.support.worker_helpers import Workers
 pytestmark = pytest.mark.django_db(transaction=True)
 
 APP_ID, SECRET = "cli_reply_test", "s3cret"
+#: The words of the bot's answer (``turn_handlers.WORDS``).
+WORDS = 30
 
 
 @pytest.fixture
@@ -61,11 +65,16 @@ def turn_env(fake: FakeFeishu, app: str = "default", **env: str) -> dict[str, st
     }
 
 
+#: Delivers an envelope and returns the answer Feishu got (the webhook's body, the ACK's data).
+Send = Callable[[dict[str, Any]], Any]
+TRANSPORTS = ["webhook", "long_connection"]
+
+
 @dataclass
 class Chat:
-    """Sends a chat's messages (and recalls) through one transport."""
+    """Sends a chat's messages (and recalls, and stop clicks) through one transport."""
 
-    send: Any  # (envelope) -> None
+    send: Send
     fake: FakeFeishu
     chat_id: str
     sent: list[str] = field(default_factory=list)
@@ -94,6 +103,14 @@ class Chat:
         }
         self.send(envelope)
 
+    def click_stop(self, job_id: int) -> str:
+        """Click the stop button of job ``job_id``'s card; the toast the user sees."""
+        click = card_action()
+        click["header"]["token"] = TOKEN
+        click["event"]["action"]["value"] = stop_value(job_id)
+        click["event"]["context"]["open_chat_id"] = self.chat_id
+        return str(self.send(click)["toast"]["content"])
+
 
 @pytest.fixture
 def webhook() -> Iterator[Any]:
@@ -109,7 +126,7 @@ def webhook() -> Iterator[Any]:
     )
     url = f"http://127.0.0.1:{port}/feishu/events/"
 
-    def send(envelope: dict[str, Any]) -> None:
+    def send(envelope: dict[str, Any]) -> Any:
         body, headers = delivery(envelope)
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         # Feishu waits 3 s for an answer, then delivers again; a test that waits less than a
@@ -117,6 +134,7 @@ def webhook() -> Iterator[Any]:
         # the machine, not on the webhook: what it proves is the turn, not the latency.
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
+            return json.loads(response.read())
 
     try:
         yield send
@@ -124,19 +142,24 @@ def webhook() -> Iterator[Any]:
         stop(proc)
 
 
-def chat_on(transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, name: str) -> Chat:
-    if transport == "webhook":
-        return Chat(request.getfixturevalue("webhook"), fake, name)
-    fake_ws: FakeLongConnection = request.getfixturevalue("fake_ws")
-    connectors: Connectors = request.getfixturevalue("connectors")
+@pytest.fixture
+def long_connection(fake_ws: FakeLongConnection, connectors: Connectors) -> Send:
+    """A ``feishu_connect`` process on the fake endpoint: ``send(envelope)`` pushes it and
+    waits for its ACK."""
     connectors.start(apps_for(fake_ws, default="cli_a"))
     connected(fake_ws, 1)
 
-    def send(envelope: dict[str, Any]) -> None:
+    def send(envelope: dict[str, Any]) -> Any:
         event_id = fake_ws.push("cli_a", envelope)
         wait_for(lambda: fake_ws.acked(event_id), 30, f"the ACK of {event_id}")
+        return fake_ws.acks_of(event_id)[0].data
 
-    return Chat(send, fake, name)
+    return send
+
+
+def chat_on(transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, name: str) -> Chat:
+    """A chat whose messages go over ``transport`` (the webhook or the long connection)."""
+    return Chat(request.getfixturevalue(transport), fake, name)
 
 
 def jobs(chat: Chat) -> list[EventJob]:
@@ -166,7 +189,32 @@ def card_of(fake: FakeFeishu, message_ids: list[str]) -> Any:
     return fake.cardkit.cards.get(found[0]) if found else None
 
 
-@pytest.mark.parametrize("transport", ["webhook", "long_connection"])
+def answer_of(membership: str) -> str:
+    """The fake model's answer to a turn whose ``turn`` line names ``membership``."""
+    prompt = "\n".join(membership.split("|"))  # (its spaces are underscores, as the model's)
+    return " ".join(f"w{n}:{prompt[:20]}" for n in range(WORDS))
+
+
+def cleaned_once(fake: FakeFeishu, *, kills: bool = False) -> None:
+    """Every message a turn reacted to (or tried to) has one removal job, and it ran once:
+    the message's reactions listed once (``kills``: at most once an attempt, for a removal's
+    worker may be killed too, and at least once), and none of them is left."""
+    reacted = {m for operation, m in list(fake.reactions.requests) if operation == "add"}
+    lists = Counter(m for operation, m in list(fake.reactions.requests) if operation == "list")
+    connection.close()
+    removals = list(EventJob.objects.filter(event_type=REMOVE_REACTION))
+    assert Counter(j.payload["message_id"] for j in removals) == Counter(reacted)
+    for job in removals:
+        message_id = job.payload["message_id"]
+        assert job.status == Status.COMPLETED, (job.id, job.status, job.error_type)
+        if kills:
+            assert 1 <= lists[message_id] <= job.attempt, (message_id, lists, job.attempt)
+        else:
+            assert (lists[message_id], job.attempt) == (1, 1), (message_id, lists, job.attempt)
+    assert [r for r in fake.reactions.left() if r.message_id in reacted] == []
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_burst_is_one_turn_one_model_call_one_streamed_reply(
     transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
 ) -> None:
@@ -192,18 +240,21 @@ def test_a_burst_is_one_turn_one_model_call_one_streamed_reply(
     # the typing reaction was added to the newest message and is gone
     assert [r.message_id for r in fake.reactions.added] == [chat.sent[-1]]
     assert fake.reactions.left() == []
+    cleaned_once(fake)
 
 
-@pytest.mark.parametrize("transport", ["webhook", "long_connection"])
-def test_kills_in_the_quiet_window_and_in_the_turn_still_make_one_turn(
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_kills_in_the_quiet_window_in_the_turn_and_mid_stream_still_make_one_turn(
     transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
 ) -> None:
     chat = chat_on(transport, request, fake, "oc_kills")
-    # a quiet window long enough that a busy machine's worker claims inside it
-    env = turn_env(fake, TURN_QUIET="5", TURN_MAX_WAIT="20")
-    first = workers.start("--lease-seconds", "2", **env)
+    # a quiet window long enough that a busy machine's worker is killed inside it
+    env = turn_env(fake, TURN_QUIET="8", TURN_MAX_WAIT="30")
+    args = ("--lease-seconds", "2")
+    first = workers.start(*args, **env)
     wait_for(lambda: " started: " in workers.stderr(first), 60, "the worker to start")
-    chat.say("gate:on")
+    for text in ("gate:on", "midgate:mid", "third", "fourth", "fifth"):
+        chat.say(text)  # five messages within a second
 
     def deferred() -> bool:  # the worker claimed the burst's first message and put it back
         found = jobs(chat)
@@ -212,22 +263,42 @@ def test_kills_in_the_quiet_window_and_in_the_turn_still_make_one_turn(
     wait_for(deferred, 60, "the burst's first message to wait for the quiet window")
     os.kill(first.pid, signal.SIGKILL)  # inside the quiet window
     first.wait(10)
-    chat.say("second")
-    chat.say("third")
-    second = workers.start("--lease-seconds", "2", **env)
+    assert workers.lines("turn") == [], "the kill came after the quiet window"
+    second = workers.start(*args, **env)
     wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
     os.kill(second.pid, signal.SIGKILL)  # inside the turn, after the model answered
     second.wait(10)
+    assert card_of(fake, chat.sent) is None  # (before its answer began)
     workers.open_gate("on")
-    workers.start("--lease-seconds", "2", **env)
-    wait_for(lambda: settled(chat, 3), 90, "the turn and its cleanup")
+    third = workers.start(*args, **env)
+    wait_for(lambda: workers.lines("midstream"), 60, "the answer to stream")
+    card = card_of(fake, chat.sent)
+    assert card.streaming and card.texts(streams.ELEMENT_ID), "nothing streamed before the kill"
+    os.kill(third.pid, signal.SIGKILL)  # mid-stream: the card shows part of the answer
+    third.wait(10)
+    shown = card.elements[streams.ELEMENT_ID]
+    workers.open_gate("mid")
+    workers.start(*args, **env)
+    wait_for(lambda: settled(chat, 5), 90, "the turn and its cleanup")
 
     turns = workers.lines("turn")
-    assert len(turns) >= 2 and {t[1] for t in turns} == {str(jobs(chat)[0].id)}
-    assert {t[-1] for t in turns} == {"gate:on|second|third"}  # one membership
+    assert len(turns) == 3 and {t[1] for t in turns} == {str(jobs(chat)[0].id)}
+    assert [t[3] for t in turns] == ["1", "2", "3"]  # each kill cost the turn an attempt
+    # one membership, decided once
+    assert {t[-1] for t in turns} == {"gate:on|midgate:mid|third|fourth|fifth"}
+    assert [j.error_type for j in jobs(chat)] == [""] + ["Coalesced"] * 4
+    assert all(j.status == Status.COMPLETED for j in jobs(chat))
     assert len(workers.lines("llm")) == 1  # memoized: the model is paid once
-    assert len(replies_to(fake, chat.sent)) == 1
+    [reply] = replies_to(fake, chat.sent)
+    assert reply.parent_id == chat.sent[-1] and reply.card_id == card.card_id
+    # the card resumed where the kill left it and was finished: the whole answer, not streaming
+    assert not card.streaming
+    final = card.elements[streams.ELEMENT_ID]
+    assert final.startswith(shown) and final.strip() == answer_of(turns[0][-1]).strip()
+    texts = card.texts(streams.ELEMENT_ID)
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts)), texts
     assert fake.reactions.left() == []
+    cleaned_once(fake)
 
 
 def test_a_recalled_message_leaves_its_turn_and_a_turn_of_recalled_ones_answers_nothing(

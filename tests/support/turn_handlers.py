@@ -5,6 +5,9 @@ events.log``; what a message's text asks for steers it:
 
 - ``slow``: the answer streams a word every 50 ms (a stop lands mid-stream);
 - ``gate:NAME``: wait for the test's gate after the model answered (a kill lands in the turn);
+  ``midgate:NAME``: halfway through the answer, send what is written (the card shows part of
+  it) and wait for the gate (a kill lands mid-stream);
+- ``plain``: answer with a plain ``reply`` (no card);
   ``hold``: call ``checkpoint()`` every 10 ms for a minute, or until a message was merged into
   the turn or one of its messages recalled (a cancel or a newer message ends it);
 - ``fail``: raise after the model (attempts: TURN_ATTEMPTS); ``unknown``: a plain effect, then
@@ -73,11 +76,20 @@ def turn(event: Event) -> None:
             os._exit(3)
     if "sleep" in text.split():
         time.sleep(6)  # past the handler's timeout, in no checkpoint
+    if "plain" in text.split():
+        feishu_inbox.reply(event, answer)
+        record("replied", event.job_id, pid)
+        return
     slow = "slow" in text.split()
+    middle = [w.removeprefix("midgate:") for w in text.split() if w.startswith("midgate:")]
     with feishu_inbox.stream_reply(event, stop_button=True) as card:
         record("stream", event.job_id, pid)
-        for word in answer.split(" "):
+        for n, word in enumerate(answer.split(" ")):
             card.write(word + " ")
+            if middle and n == WORDS // 2:
+                card.flush()
+                record("midstream", event.job_id, pid, event.attempt)
+                wait_gate(middle[0])
             if slow:
                 time.sleep(0.05)
     record("streamed", event.job_id, pid, event.turn.merged)
