@@ -436,13 +436,14 @@ def test_the_typing_reaction_comes_off_however_the_turn_ends(
 
 
 def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
-    webhook: Any, fake: FakeFeishu, workers: Workers
+    request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
 ) -> None:
     rng = random.Random(50)
     env = turn_env(fake)
     args = ("--concurrency", "4", "--lease-seconds", "2")
     procs = [workers.start(*args, **env) for _ in range(2)]
-    chats = [Chat(webhook, fake, f"oc_many_{n}") for n in range(20)]
+    # half the chats over the webhook, half over the long connection (one run covers both)
+    chats = [chat_on(TRANSPORTS[n % 2], request, fake, f"oc_many_{n}") for n in range(20)]
 
     def taken(chat: Chat) -> bool:
         newest = jobs(chat)[-1]
@@ -450,16 +451,29 @@ def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
             return True
         return str(newest.id) in {line[1] for line in workers.lines("turn")}
 
+    held: list[str] = []  # the turns a kill landed in
     for round_ in range(5):
+        # one random chat's turn waits at a gate, after its model answered or mid-stream: its
+        # worker is killed there, with whatever else it runs at that moment
+        gated, kind = rng.choice(chats), rng.choice(("gated", "midstream"))
+        gate = f"{'gate' if kind == 'gated' else 'midgate'}:r{round_}"
+        head = {}
         for chat in chats:
+            head[chat.chat_id] = len(chat.sent)
             for n in range(rng.choice((1, 1, 2, 3))):
-                chat.say(f"round{round_} part{n}")
-        # a kill of a random worker while turns run (after a turn of the round began)
-        before = len(workers.lines("turn"))
-        wait_for(lambda before=before: len(workers.lines("turn")) > before, 60, "a turn")
-        victim = rng.randrange(len(procs))
+                chat.say(f"round{round_} part{n}" + (f" {gate}" if chat is gated and not n else ""))
+        turn = str(jobs(gated)[head[gated.chat_id]].id)
+
+        def holding(turn: str = turn, kind: str = kind) -> list[str]:
+            return [line[2] for line in workers.lines(kind) if line[1] == turn]
+
+        wait_for(holding, 60, f"round {round_}'s gated turn")
+        [pid] = holding()
+        [victim] = [n for n, p in enumerate(procs) if str(p.pid) == pid]
         os.kill(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait(10)
+        held.append(turn)
+        workers.open_gate(gate.partition(":")[2])
         procs[victim] = workers.start(*args, **env)
         # the round's turns formed before the next round is sent (one turn a chat a round):
         # each chat's newest message taken into a turn, or the first of a turn whose handler
@@ -469,16 +483,51 @@ def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
     total = sum(len(c.sent) for c in chats)
     wait_for(lambda: all(settled(c, len(c.sent)) for c in chats), 240, f"{total} messages")
 
-    turn_jobs = {t[1] for t in workers.lines("turn")}
+    turns = workers.lines("turn")
+    turn_jobs = {t[1] for t in turns}
     ran = EventJob.objects.filter(event_type="im.message.receive_v1").exclude(
         error_type="Coalesced"
     )
     assert len(turn_jobs) == ran.count() >= 100
-    assert all(j.status == Status.COMPLETED for j in ran), [
+    assert all(j.status == Status.COMPLETED and j.error_type == "" for j in ran), [
         (j.id, j.status, j.error_type) for j in ran if j.status != Status.COMPLETED
     ]
+    # each kill landed inside a turn, which ran again and completed
+    for turn in held:
+        assert max(int(t[3]) for t in turns if t[1] == turn) >= 2, turn
+    # every turn answered once, in one card, finished; its membership decided once
+    memberships: dict[str, set[str]] = {}
+    for t in turns:
+        memberships.setdefault(t[1], set()).add(t[-1])
+    assert all(len(m) == 1 for m in memberships.values()), memberships
+    replies = Counter(m.parent_id for m in list(fake.messages))
+    assert len(replies) == len(turn_jobs) and set(replies.values()) == {1}, replies
+    assert not [m for m in list(fake.messages) if fake.cardkit.cards[m.card_id].streaming]
     assert fake.reactions.left() == [], fake.reactions.left()
-    assert len(fake.reactions.removed) == len(fake.reactions.added) >= 100
+    cleaned_once(fake, kills=True)
+
+
+def test_a_message_sent_during_a_turn_is_the_next_turn_by_default(
+    webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, "oc_queue")
+    workers.start(**turn_env(fake))  # during="queue", the default
+    first = chat.say("gate:q")
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    second = chat.say("and then this")  # stored (answered) while the turn waits at its gate
+    workers.open_gate("q")
+    wait_for(lambda: settled(chat, 2), 60, "both turns")
+
+    turns = workers.lines("turn")
+    found = jobs(chat)
+    assert [t[1] for t in turns] == [str(found[0].id), str(found[1].id)]
+    assert [t[-1] for t in turns] == ["gate:q", "and_then_this"]  # the first turn's unchanged
+    assert [line[-1] for line in workers.lines("streamed")] == ["0", "0"]  # nothing merged
+    assert [(j.status, j.error_type) for j in found] == [(Status.COMPLETED, "")] * 2
+    assert len(workers.lines("llm")) == 2
+    assert [m.parent_id for m in replies_to(fake, chat.sent)] == [first, second]
+    assert fake.reactions.left() == []
+    cleaned_once(fake)
 
 
 def test_a_message_sent_during_a_turn_merges_into_it_at_its_checkpoint(
@@ -531,6 +580,32 @@ def test_a_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
     else:
         assert head.error_type == "Recalled" and sent == []
     assert replies_to(fake, chat.sent) == []
+
+
+@pytest.mark.parametrize("policy", ["send", "drop"])
+def test_a_plain_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
+    policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
+) -> None:
+    chat = Chat(webhook, fake, f"oc_plain_gone_{policy}")
+    chat.say("gate:go plain")
+    target = chat.say("answer me")
+    workers.start(**turn_env(fake, TURN_ON_RECALLED=policy))
+    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
+    fake.reactions.recall(target)  # Feishu refuses replies to it now (230011)
+    workers.open_gate("go")
+    wait_for(lambda: settled(chat, 2), 60, "the turn")
+    head = jobs(chat)[0]
+    sent = [m for m in fake.messages if m.kind == "send" and m.chat_id == chat.chat_id]
+    assert head.status == Status.COMPLETED
+    if policy == "send":  # the answer, as a new message in the chat, once
+        assert head.error_type == "" and len(workers.lines("replied")) == 1
+        [message] = sent
+        assert message.card_id is None and json.loads(message.content)["text"].startswith("w0:")
+    else:
+        assert head.error_type == "Recalled" and sent == [] and workers.lines("replied") == []
+    assert replies_to(fake, chat.sent) == []
+    assert len(workers.lines("llm")) == 1
+    cleaned_once(fake)
 
 
 def test_a_private_chats_burst_is_one_turn_that_newer_messages_queue_behind(
