@@ -81,7 +81,7 @@ def multiprocess_server(tmp_path: Path) -> Iterator[str]:
 def post(url: str, body: bytes, headers: dict[str, str]) -> int:
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=60) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -91,7 +91,7 @@ def scrape(base: str) -> str:
     request = urllib.request.Request(
         base + URL, headers={"Authorization": f"Bearer {SECRET_TOKEN}"}
     )
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=60) as answer:
         return str(answer.read().decode())
 
 

@@ -292,15 +292,19 @@ def _job_stub(job_id: int, of: str = "") -> object:
 
 
 @contextmanager
-def finishes_held(partitions: list[str]) -> Iterator[Callable[[], None]]:
+def finishes_held(
+    partitions: list[str],
+) -> Iterator[tuple[Callable[[], bool], Callable[[], None]]]:
     """Hold back every commit that would finish a job of these partitions: PostgreSQL, their
     partition rows locked by another session (a batch locks them first); SQLite, the file's
-    write lock held by another process. Yields what cuts the worker's waiting session off
-    once the worker is killed: PostgreSQL would otherwise run the statement it was sent as
-    soon as the lock goes, its client dead or not (as it does for a single finish)."""
+    write lock held by another process. Yields whether a batch waits on them (PostgreSQL:
+    seen waiting on the lock; SQLite: its transaction cannot begin, so as good as sent), and
+    what cuts the worker's waiting session off once the worker is killed: PostgreSQL would
+    otherwise run the statement it was sent as soon as the lock goes, its client dead or not
+    (as it does for a single finish)."""
     if connection.vendor != "postgresql":
         with sqlite_locked():
-            yield lambda: None  # the killed process's transaction never began
+            yield (lambda: True), (lambda: None)  # the killed process's never began
         return
     other = connections.create_connection("default")
 
@@ -345,7 +349,7 @@ def finishes_held(partitions: list[str]) -> Iterator[Callable[[], None]]:
                 [partitions],
             )
             assert len(cursor.fetchall()) == len(partitions)
-        yield cut_off
+        yield (lambda: bool(waiting("feishu_inbox_finish_batch"))), cut_off
     finally:
         other.rollback()
         other.close()
@@ -373,9 +377,12 @@ def test_a_worker_killed_between_its_handlers_return_and_their_batch_commit(
     first = workers.start("--concurrency", "4", "--lease-seconds", "2")
     wait_for(lambda: len(workers.lines("start")) == 4, 30, "the four heads to start")
     wait_for(lambda: workers.lines("effect"), 30, "chat-0's effect")
-    with finishes_held(chats) as cut_off:
+    with finishes_held(chats) as (batch_waiting, cut_off):
         workers.open_gate("g")
         wait_for(lambda: len(workers.lines("end")) == 4, 30, "the four handlers to return")
+        # the handlers' finishes go out in the worker's next batch (its flush window, later
+        # on a loaded machine): the kill lands once it waits on the held partitions
+        wait_for(batch_waiting, 30, "the finishing batch to wait on the held partitions")
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         cut_off()

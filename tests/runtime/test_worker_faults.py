@@ -229,11 +229,13 @@ def test_a_handlers_base_exception_ends_its_job_at_once_with_the_cause(
     workers: Workers, event_type: str, step: str, error: str
 ) -> None:
     failing = enqueue("x", [step], partition="a", event_type=event_type)
-    proc = workers.start("--lease-seconds", "60", FEISHU_INBOX_MAX_ATTEMPTS="1")
-    wait_for(lambda: job(failing).status == "failed", 10, "the job to fail (not its lease)")
+    # (a lease far longer than the wait: a failure by its lease would say WorkerCrashed; the
+    # wait is the worker's start and claim on a loaded machine, not the failure's speed)
+    proc = workers.start("--lease-seconds", "600", FEISHU_INBOX_MAX_ATTEMPTS="1")
+    wait_for(lambda: job(failing).status == "failed", 120, "the job to fail (not its lease)")
     assert job(failing).error_type == error
     after = enqueue("y", [], partition="b", event_type=event_type)  # the worker carries on
-    wait_for(lambda: job(after).status == "completed", 10, "the next job of the same kind")
+    wait_for(lambda: job(after).status == "completed", 60, "the next job of the same kind")
     assert proc.poll() is None
 
 
