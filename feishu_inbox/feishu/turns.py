@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from django.core import signing
 
-from ..errors import FeishuAPIError, FeishuBusinessError
+from ..errors import Deferred, FeishuAPIError, FeishuBusinessError
 from ..ledger.kinds import JobKind
 from ..runtime import cleanups, turns
 from ..runtime.context import Event, current
@@ -176,12 +177,17 @@ turns.set_transport(FeishuMessages(), _notice)
 def typing(event: Event, emoji: str = TYPING) -> str:
     """Add ``emoji`` to the turn's newest message (an event's message) now, and remove it once
     the job ends, however it ends; returns the message id. A reaction Feishu refuses (the
-    scope ``im:message.reactions:write_only`` missing, the message recalled) is logged."""
+    scope ``im:message.reactions:write_only`` missing, the message recalled) is logged.
+
+    An add can land after the removal ran: Feishu may apply a request whose answer timed out,
+    and a handler's thread abandoned at its timeout (or whose lease expired) may still be
+    sending it. A second removal then runs once no such add can land (``_remove_job``): an
+    add that timed out records it at once; the first removal records it when an attempt of
+    the job ended while its thread could still run."""
     message_id = target_message(event)
+    payload = {"message_id": message_id, "emoji": emoji, "job": event.job_id}
     cleanups.on_finish(
-        cleanups.handler_spec(
-            REMOVE_REACTION, {"message_id": message_id, "emoji": emoji}, event.app, event.tenant
-        ),
+        cleanups.handler_spec(REMOVE_REACTION, payload, event.app, event.tenant),
         name=f"reaction:{emoji}:{message_id}"[:64],
     )
     current().ensure_alive()  # a lease lost since: the cleanup is recorded, nothing added
@@ -189,7 +195,16 @@ def typing(event: Event, emoji: str = TYPING) -> str:
         add_reaction(event.app, message_id, emoji)
     except FeishuAPIError as exc:
         log.warning("job %s: the %s reaction was not added: %s", event.job_id, emoji, exc)
+        if getattr(exc, "maybe_applied", False):  # Feishu may still apply it: look again
+            _remove_later(event, payload, add_window())
     return message_id
+
+
+def add_window() -> float:
+    """Seconds within which an add sent now has landed or never will: its tries of the Open
+    API (a token's and the add's, again once with a fresh token), each within the request
+    timeout, and a margin for Feishu's own lag."""
+    return 4 * openapi.REQUEST_TIMEOUT + 5.0
 
 
 def add_reaction(app: str, message_id: str, emoji: str) -> str:
@@ -266,15 +281,40 @@ def remove_reactions(app: str, message_id: str, emoji: str) -> int:
 
 
 def _remove_job(event: Event) -> None:
-    """The cleanup job ``typing`` leaves: the app's reactions of one emoji removed."""
+    """The cleanup job ``typing`` leaves: the app's reactions of one emoji removed. A late
+    removal (``not_before``) waits until then (``Deferred``: no attempt spent). A first one
+    whose turn had an attempt end while its handler's thread could still be sending the add
+    (timed out, its lease expired) leaves a late one behind for when that add cannot land."""
+    from ..ledger import turns as ledger_turns
+
     payload = event.payload
-    removed = remove_reactions(event.app, str(payload["message_id"]), str(payload["emoji"]))
+    not_before = payload.get("not_before")
+    if isinstance(not_before, int | float) and time.time() < not_before:
+        wait = not_before - time.time()
+        raise Deferred(wait, f"Removing the reaction once a late add cannot land ({wait:.0f}s).")
+    message_id, emoji = str(payload["message_id"]), str(payload["emoji"])
+    removed = remove_reactions(event.app, message_id, emoji)
     log.info(
         "job %s: %d %s reaction(s) removed from message %s",
         event.job_id,
         removed,
-        payload["emoji"],
-        payload["message_id"],
+        emoji,
+        message_id,
+    )
+    turn_job = payload.get("job")
+    if not_before is None and isinstance(turn_job, int) and not isinstance(turn_job, bool):
+        wait = ledger_turns.abandoned_for(turn_job, add_window())
+        if wait > 0:
+            _remove_later(event, payload, wait)
+
+
+def _remove_later(event: Event, payload: dict[str, Any], seconds: float) -> None:
+    """A second removal of the same reactions, ``seconds`` from now: once the running job
+    ends (its cleanup), a job that waits until then."""
+    late = {**payload, "not_before": time.time() + seconds}
+    cleanups.on_finish(
+        cleanups.handler_spec(REMOVE_REACTION, late, event.app, event.tenant),
+        name=f"reaction-late:{payload['emoji']}:{payload['message_id']}"[:64],
     )
 
 

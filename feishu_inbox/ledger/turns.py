@@ -25,17 +25,17 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from .. import telemetry
 from ..conf import checked_settings
 from ..errors import InboxError, LeaseLost
-from ..models import EventJob, Status
+from ..models import Attempt, EventJob, Status
 from ..store import store
 from ..tables.turns import TurnCleanup
 from .fencing import why_not_held
@@ -234,6 +234,23 @@ def fire_cleanups(limit: int = FIRE_LIMIT) -> int:
         TurnCleanup.objects.filter(id__in=[c.pk for c in due]).delete()
     telemetry.TURN_CLEANUPS.inc(len(due))
     return len(due)
+
+
+#: How an attempt ends while its handler's thread may still be running: at its timeout (the
+#: thread abandoned), or its lease expired (a worker paused, cut off from the database).
+ABANDONED = ("TimedOut", "LeaseExpired", "LeaseExpiredAfterSideEffect", "WorkerCrashed")
+
+
+def abandoned_for(job_id: int, window: float) -> float:
+    """Seconds until ``window`` has passed since the newest attempt of ``job_id`` that ended
+    while its thread may have run on (``ABANDONED``); 0 when none did, or long enough ago.
+    By the database's clock, which ended the attempts."""
+    newest = Attempt.objects.filter(job_id=job_id, error_type__in=ABANDONED).aggregate(
+        at=Max("ended_at")
+    )["at"]
+    if newest is None:
+        return 0.0
+    return max(0.0, (newest + timedelta(seconds=window) - clock()).total_seconds())
 
 
 def pending_cleanups(job_ids: Sequence[int]) -> dict[int, list[str]]:

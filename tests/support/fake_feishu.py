@@ -70,6 +70,8 @@ class Fault:
     """What the fake does instead of answering one request normally."""
 
     #: drop_after_apply | slow_after_apply (created, then no answer / a late one);
+    #: slow_before_apply (a reaction's add: applied ``delay`` seconds late, then answered, as
+    #: a request Feishu was slow to process, its client long gone);
     #: rate_limit | server_error | garbled (a 502 page sent as JSON) | business_error
     kind: str
     #: rate_limit: the status (429; older APIs answer 400) and the x-ogw-ratelimit-reset header
@@ -150,7 +152,12 @@ class FakeFeishu:
         self._live_token: dict[str, str] = {}  # app_id -> its newest token
         self._uuids: dict[tuple[str, str], tuple[Message, float]] = {}
         self._chats: dict[str, str] = {}  # message_id -> chat_id
-        self._faults: dict[str, list[Fault]] = {"token": [], "message": [], "card": []}
+        self._faults: dict[str, list[Fault]] = {
+            "token": [],
+            "message": [],
+            "card": [],
+            "reaction": [],
+        }
         self.cardkit = CardKit(stream_window=stream_window, ops_per_second=card_ops_per_second)
         #: Reactions on messages, and the messages their senders recalled (fake_reactions.py).
         self.reactions = Reactions()
@@ -209,7 +216,7 @@ class FakeFeishu:
 
     def fail_next(self, *faults: Fault, endpoint: str = "message") -> None:
         """The next requests to ``endpoint`` ("message": send or reply; "card": CardKit;
-        "token") fail so, in order, one fault each."""
+        "reaction": a reaction's add; "token") fail so, in order, one fault each."""
         with self._lock:
             self._faults[endpoint].extend(faults)
 
@@ -445,7 +452,11 @@ class _Handler(BaseHTTPRequestHandler):
             if app_id is None:
                 self.answer(400, {"code": 99991663, "msg": "Invalid access token."})
                 return
+            fault = fake.next_fault("reaction", app_id, None)
+            if fault and fault.kind == "slow_before_apply":
+                time.sleep(fault.delay)
             self.answer(*fake.reactions.add(app_id, reactions.group(1), body))
+            return
         if url.path in fake_store_apps.PATHS:
             fault = fake.next_fault("token", None, None)
             if fault:

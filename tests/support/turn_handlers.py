@@ -13,7 +13,9 @@ events.log``; what a message's text asks for steers it:
 - ``fail``: raise after the model (attempts: TURN_ATTEMPTS); ``unknown``: a plain effect, then
   the process dies inside it; ``sleep``: sleep past the handler's timeout.
 
-TURN_STALE_POLICY (skip, notice, run) is the handler's ``on_stale`` past 30 minutes.
+TURN_STALE_POLICY (skip, notice, run) is the handler's ``on_stale`` past 30 minutes;
+TURN_ON_RECALL (flag, cancel) its ``on_recall``; TURN_OPENAPI_TIMEOUT the Open API's request
+timeout in this worker (seconds; the reaction tests make an add time out).
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from datetime import timedelta
 
 import feishu_inbox
 from feishu_inbox import Event
+from feishu_inbox.feishu import openapi
 from tests.support.worker_handlers import record, wait_gate
 
 WORDS = 30
+if "TURN_OPENAPI_TIMEOUT" in os.environ:
+    openapi.REQUEST_TIMEOUT = float(os.environ["TURN_OPENAPI_TIMEOUT"])
 
 
 def model(prompt: str) -> str:
@@ -42,6 +47,7 @@ def model(prompt: str) -> str:
         max_wait=float(os.environ.get("TURN_MAX_WAIT", "2.0")),
         during=os.environ.get("TURN_DURING", "queue"),
         on_recalled_reply=os.environ.get("TURN_ON_RECALLED", "drop"),
+        on_recall=os.environ.get("TURN_ON_RECALL", "flag"),
     ),
     stale_after=timedelta(minutes=30),
     on_stale=os.environ.get("TURN_STALE_POLICY", "skip"),
