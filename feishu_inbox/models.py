@@ -209,6 +209,15 @@ class EventJob(models.Model):
             models.Index(
                 fields=["tenant", "id"], name="feishu_inbox_job_tenant", condition=~Q(tenant="")
             ),
+            # The admin's "ended as" filter (a turn's endings, a stop, a cancel), newest
+            # first: only the jobs that have an error type are in it. The column is in no
+            # other index, and a job that runs and completes keeps it "" (no entry, and its
+            # running updates stay HOT where they were).
+            models.Index(
+                fields=["error_type", "id"],
+                name="feishu_inbox_job_error_type",
+                condition=~Q(error_type=""),
+            ),
             # Admin date hierarchy (bucket probes) and "newest first" by arrival.
             models.Index(fields=["received_at"], name="feishu_inbox_job_received"),
             # A workflow's tree (children of a parent) and a batch's members: only the jobs

@@ -136,7 +136,8 @@ BATCH_CALLBACKS = _counter(
 TURNS = _counter(
     "feishu_inbox_turns",
     "Turns formed, by how they started: run, recalled (every message recalled), stopped (a "
-    "stop command before it ran), stale (skipped or noticed past the handler's deadline).",
+    "stop command before it ran), stale (skipped or noticed past the handler's deadline), "
+    "late (past the deadline and run, on_stale='run').",
     ("event_type", "start"),
 )
 TURN_MESSAGES = _counter(

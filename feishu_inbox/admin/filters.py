@@ -108,6 +108,33 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(tenant="" if value == "-" else value)
 
 
+class EndedAsFilter(admin.SimpleListFilter):
+    """Jobs that ended without running their handler to its end, by why (their error type):
+    a conversation turn's endings (SPEC §9g) and an operator's or a newer message's stop.
+    Read through the partial index on error types (only jobs that have one are in it)."""
+
+    title = "ended as"
+    parameter_name = "ended_as"
+    ENDINGS = (
+        ("Stale", "Stale: past its stale_after (skipped or noticed)"),
+        ("Recalled", "Recalled: every message recalled"),
+        ("Stopped", "Stopped: by a stop command or button"),
+        ("StopCommand", "StopCommand: the command itself"),
+        ("Coalesced", "Coalesced: taken into another job's turn"),
+        ("Superseded", "Superseded: by a newer message"),
+        ("Cancelled", "Cancelled: by an operator"),
+    )
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(self.ENDINGS)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[EventJob]) -> QuerySet[EventJob]:
+        value = self.value()
+        if value not in dict(self.ENDINGS):
+            return queryset
+        return queryset.filter(error_type=value)
+
+
 class AppFilter(admin.SimpleListFilter):
     title = "Feishu app"
     parameter_name = "app"

@@ -26,6 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from ..conf import inbox_settings
+from ..ledger import turns as ledger_turns
 from ..ledger import waits
 from ..ledger.idempotency import effect_key
 from ..ledger.payloads import text_without_secrets, without_secrets
@@ -38,6 +39,7 @@ from .dashboard import dashboard_data
 from .filters import (
     AppFilter,
     BlocksPartitionFilter,
+    EndedAsFilter,
     EventTypeFilter,
     KindFilter,
     QueueFilter,
@@ -145,6 +147,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
         AppFilter,
         TenantFilter,
         BlocksPartitionFilter,
+        EndedAsFilter,
     ]
     # Exact ids, or a partition key prefix (case-sensitive: served by an index at any size).
     search_fields = ["=event_id", "=dedupe_key"]
@@ -191,6 +194,7 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
                     "resolution",
                     "retry_policy",
                     "waiting_for",
+                    "cleanups_waiting",
                 ]
             },
         ),
@@ -309,6 +313,13 @@ class EventJobAdmin(ReadOnly, admin.ModelAdmin):
             f"{view.what} ({view.name}): {view.state}; since "
             f"{view.since:%Y-%m-%d %H:%M:%S %Z}, {until}; {chat}"
         )
+
+    @admin.display(description="cleanups waiting")
+    def cleanups_waiting(self, obj: EventJob) -> str:
+        """The cleanups (``on_finish``, a typing reaction's removal) that run once the job
+        ends, by name: none left once it ended and they were enqueued."""
+        names = ledger_turns.pending_cleanups([obj.pk]).get(obj.pk, [])
+        return ", ".join(names) if names else "-"
 
     @admin.display(description="retries")
     def retry_policy(self, obj: EventJob) -> str:

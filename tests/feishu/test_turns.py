@@ -7,12 +7,14 @@ on real workers, killed."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import lark_oapi
 import pytest
+from django.urls import reverse
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
@@ -21,13 +23,14 @@ from lark_oapi.api.im.v1 import (
 )
 
 import feishu_inbox
-from feishu_inbox import ledger
+from feishu_inbox import ledger, telemetry
 from feishu_inbox.errors import Concluded, ConfigurationError, Deferred, LeaseLost, LedgerError
 from feishu_inbox.feishu.turns import FeishuMessages, stop_click, stop_value
 from feishu_inbox.ledger import turns as ledger_turns
 from feishu_inbox.models import EventJob, Status, Step
 from feishu_inbox.runtime import attempts, cleanups, registry, turns
 from feishu_inbox.tables.turns import TurnCleanup
+from tests.admin.test_admin import CHANGELIST, staff
 from tests.runtime.test_steps import InHandler
 from tests.support.fake_feishu import FakeFeishu
 from tests.support.fake_feishu_ws import card_action
@@ -193,6 +196,125 @@ def test_a_late_message_is_skipped_or_noticed_and_an_on_time_one_runs() -> None:
     assert outcome == "turn"
 
 
+def counted(start: str) -> float:
+    """The turns counted so far that started so (``feishu_inbox_turns_total``)."""
+    value = telemetry.TURNS.labels("im.message.receive_v1", start)._value.get()
+    return float(value)
+
+
+def test_a_late_start_is_counted_by_its_policy_and_found_in_the_admin_by_how_it_ended() -> None:
+    """Every policy leaves a trace: a skipped or noticed message ends ``Stale`` (the admin's
+    "ended as" filter finds it, and only it) and counts ``start="stale"``; one run anyway
+    counts ``start="late"``, not ``run``; an on-time one counts ``run``."""
+
+    def old_message(event_id: str, chat: str) -> int:
+        envelope = message_event(chat_id=chat, text="sent this morning")
+        envelope["event"]["message"]["create_time"] = str(0)
+        return ledger.enqueue(
+            event_id=event_id,
+            event_type="im.message.receive_v1",
+            partition_key=f"default:chat:{chat}",
+            payload=envelope,
+        ).job_id
+
+    before = {start: counted(start) for start in ("stale", "late", "run")}
+    skipped = old_message("late-skip", "oc_skip")
+    outcome, _ = begin(skipped, NOW, turns.StartDeadline.of(timedelta(minutes=30), "skip", "-"))
+    assert outcome == "Concluded"
+    ran = old_message("late-run", "oc_run")
+    outcome, turn = begin(ran, NOW, turns.StartDeadline.of(timedelta(minutes=30), "run", "-"))
+    assert outcome == "turn" and turn.text == "sent this morning"
+    on_time = say("just now")
+    outcome, _ = begin(on_time, NOW, turns.StartDeadline.of(timedelta(minutes=30), "run", "-"))
+    assert outcome == "turn"
+    assert {start: counted(start) - before[start] for start in before} == {
+        "stale": 1,
+        "late": 1,
+        "run": 1,
+    }
+
+    operator = staff("turns-operator", "view_eventjob")
+    page = operator.get(reverse(CHANGELIST), {"ended_as": "Stale"})
+    assert page.status_code == 200
+    listed = {row.pk for row in page.context["cl"].result_list}
+    assert listed == {skipped}
+    assert "Stale: past its stale_after" in page.content.decode()
+    everything = operator.get(reverse(CHANGELIST), {"ended_as": "no such ending"})
+    assert everything.status_code == 200  # an unknown value filters nothing, refuses nothing
+    assert {skipped, ran, on_time} <= {row.pk for row in everything.context["cl"].result_list}
+
+
+def test_a_removal_after_an_attempt_that_may_still_add_leaves_a_late_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn's reaction removal leaves a second, late one only when an attempt of the turn
+    ended while its thread could still be sending the add (timed out, lease expired), within
+    the add's window; the late one waits until then without spending an attempt."""
+    from django.utils import timezone
+
+    from feishu_inbox.feishu import turns as feishu_turns
+    from feishu_inbox.models import Attempt
+
+    removed: list[str] = []
+    monkeypatch.setattr(
+        feishu_turns,
+        "remove_reactions",
+        lambda app, message_id, emoji: removed.append(message_id) or 0,
+    )
+    turn_job = say("hello")
+
+    def remove(n: int, **extra: Any) -> Any:
+        """Run removal job ``n`` of the turn's reaction; the cleanups it left behind."""
+        payload = {"message_id": "om_typing", "emoji": "Typing", "job": turn_job, **extra}
+        job_id = ledger.enqueue(
+            event_id=f"removal-{n}",
+            event_type=feishu_turns.REMOVE_REACTION,
+            partition_key=f"wf:~removal-{n}",
+            payload=payload,
+        ).job_id
+        with InHandler(claim_job(job_id)) as ctx:
+            try:
+                feishu_turns._remove_job(ctx.event)
+            except Deferred as wait:
+                return wait
+        return [c.spec["payload"] for c in TurnCleanup.objects.filter(job_id=job_id)]
+
+    def ended(error_type: str, seconds_ago: float) -> None:
+        at = timezone.now() - timedelta(seconds=seconds_ago)
+        Attempt.objects.create(
+            job_id=turn_job,
+            number=1,
+            worker_id="w",
+            started_at=at,
+            ended_at=at,
+            outcome=Status.FAILED,
+            error_type=error_type,
+            error_message="",
+            lease_token="t",
+        )
+
+    window = feishu_turns.add_window()
+    ended("ValueError", 1)  # its thread raised it: it sends nothing more
+    assert remove(1) == [] and removed == ["om_typing"]
+    ended("TimedOut", 2 * window)  # abandoned long ago: its add landed or never will
+    assert remove(2) == []
+    ended("LeaseExpired", 1)
+    [late] = remove(3)
+    assert late["message_id"] == "om_typing" and late["job"] == turn_job
+    assert window - 10 < late["not_before"] - time.time() <= window
+    assert len(removed) == 3
+    wait = remove(4, not_before=late["not_before"])
+    assert isinstance(wait, Deferred) and window - 10 < wait.seconds <= window
+    assert len(removed) == 3  # it waits before it removes anything
+    assert remove(5, not_before=time.time() - 1) == [] and len(removed) == 4
+
+
+def shown(page: str, label: str) -> str:
+    """What an admin page shows right after a field's label."""
+    at = page.index(label)
+    return page[at : at + 400]
+
+
 def test_a_cleanup_is_enqueued_once_after_its_job_ended_however_it_ended() -> None:
     job_id = say("x", chat="solo")
     claimed = claim_job(job_id)
@@ -200,6 +322,9 @@ def test_a_cleanup_is_enqueued_once_after_its_job_ended_however_it_ended() -> No
     assert ledger_turns.add_cleanup(claimed.lease, name="c", spec=spec)
     assert not ledger_turns.add_cleanup(claimed.lease, name="c", spec=spec)  # the same one
     assert ledger_turns.fire_cleanups() == 0  # it runs: nothing yet
+    operator = staff("cleanups-operator", "view_eventjob")
+    page = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[job_id]))
+    assert ">c</div>" in shown(page.text, "Cleanups waiting")
     expire_lease(job_id)
     ledger.expire_leases()  # no effect started: retried, not ended
     assert ledger_turns.fire_cleanups() == 0
@@ -209,6 +334,8 @@ def test_a_cleanup_is_enqueued_once_after_its_job_ended_however_it_ended() -> No
     assert ledger_turns.fire_cleanups() == 0
     [cleanup] = EventJob.objects.filter(event_type="test.cleanup")
     assert cleanup.payload == {"n": 1} and not TurnCleanup.objects.exists()
+    page = operator.get(reverse("admin:feishu_inbox_eventjob_change", args=[job_id]))
+    assert ">-</div>" in shown(page.text, "Cleanups waiting")
 
 
 def test_an_unknown_job_has_ended_for_its_cleanups() -> None:
