@@ -571,33 +571,15 @@ def test_a_recall_during_a_turn_is_flagged_on_it_and_its_reply_answers_what_is_l
 
 
 @pytest.mark.parametrize("policy", ["send", "drop"])
+@pytest.mark.parametrize("reply", ["streamed", "plain"])
 def test_a_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
-    policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
+    reply: str, policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
 ) -> None:
-    chat = Chat(webhook, fake, f"oc_gone_{policy}")
-    chat.say("gate:go")
-    target = chat.say("answer me")
-    workers.start(**turn_env(fake, TURN_ON_RECALLED=policy))
-    wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
-    fake.reactions.recall(target)  # Feishu refuses replies to it now (230011)
-    workers.open_gate("go")
-    wait_for(lambda: settled(chat, 2), 60, "the turn")
-    head = jobs(chat)[0]
-    sent = [m for m in fake.messages if m.kind == "send" and m.chat_id == chat.chat_id]
-    if policy == "send":
-        assert head.error_type == "" and len(sent) == 1 and sent[0].card_id
-        assert not fake.cardkit.cards[sent[0].card_id].streaming
-    else:
-        assert head.error_type == "Recalled" and sent == []
-    assert replies_to(fake, chat.sent) == []
-
-
-@pytest.mark.parametrize("policy", ["send", "drop"])
-def test_a_plain_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dropped(
-    policy: str, webhook: Any, fake: FakeFeishu, workers: Workers
-) -> None:
-    chat = Chat(webhook, fake, f"oc_plain_gone_{policy}")
-    chat.say("gate:go plain")
+    """A streamed reply (``stream_reply``) or a plain one (``reply``) to a message recalled
+    while the turn ran: sent to the chat as a new message, once, or dropped (the turn ends
+    ``Recalled``), by ``on_recalled_reply``; never a reply to the recalled message."""
+    chat = Chat(webhook, fake, f"oc_gone_{reply}_{policy}")
+    chat.say("gate:go plain" if reply == "plain" else "gate:go")
     target = chat.say("answer me")
     workers.start(**turn_env(fake, TURN_ON_RECALLED=policy))
     wait_for(lambda: workers.lines("gated"), 60, "the turn to run")
@@ -607,12 +589,15 @@ def test_a_plain_reply_to_a_message_recalled_meanwhile_is_sent_to_the_chat_or_dr
     head = jobs(chat)[0]
     sent = [m for m in fake.messages if m.kind == "send" and m.chat_id == chat.chat_id]
     assert head.status == Status.COMPLETED
-    if policy == "send":  # the answer, as a new message in the chat, once
+    if policy == "drop":
+        assert head.error_type == "Recalled" and sent == [] and workers.lines("replied") == []
+    elif reply == "streamed":  # the card, as a new message in the chat, finished
+        assert head.error_type == "" and len(sent) == 1 and sent[0].card_id
+        assert not fake.cardkit.cards[sent[0].card_id].streaming
+    else:  # the answer, as a new message in the chat, once
         assert head.error_type == "" and len(workers.lines("replied")) == 1
         [message] = sent
         assert message.card_id is None and json.loads(message.content)["text"].startswith("w0:")
-    else:
-        assert head.error_type == "Recalled" and sent == [] and workers.lines("replied") == []
     assert replies_to(fake, chat.sent) == []
     assert len(workers.lines("llm")) == 1
     cleaned_once(fake)
