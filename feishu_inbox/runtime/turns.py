@@ -272,11 +272,8 @@ def begin(ctx: JobContext, spec: Coalesce | None, deadline: StartDeadline | None
     if spec is None or head is None:  # a start deadline alone
         if deadline is not None:
             now = writes.write(ctx, "read the clock for", lambda _: _db_clock())
-            sent_at = reader.sent_at(event.payload)
-            if _late(deadline, sent_at, now, ctx):
-                _stale(ctx, deadline)
-            if _past(deadline, sent_at, now, ctx):
-                _count_late(ctx, deadline, sent_at, now)
+            if _late(deadline, reader.sent_at(event.payload), now, ctx):
+                _late_start(ctx, deadline)
         return
     if spec.is_stop(head):  # the command itself: it stopped what ran, if anything did
         _count(event, "stopped")
@@ -293,7 +290,7 @@ def begin(ctx: JobContext, spec: Coalesce | None, deadline: StartDeadline | None
         turn = Turn([head, *burst.members])
         turn.recalled = burst.recalled & {m.message_id for m in turn.messages}
         try:
-            if deadline is not None and _late(deadline, head.sent_at, now, ctx):
+            if deadline and deadline.policy != "run" and _late(deadline, head.sent_at, now, ctx):
                 # the late ones (a prefix: they came in order) end with it; the rest wait
                 late = [m for m in burst.members if _late(deadline, m.sent_at, now, ctx)]
                 turn.messages, turn.end = [head, *burst.members[: len(late)]], "Stale"
@@ -313,8 +310,8 @@ def begin(ctx: JobContext, spec: Coalesce | None, deadline: StartDeadline | None
         except ledger_turns.TurnChanged:
             continue  # an operator ended one of them meanwhile: nothing was taken
         _conclude_if_ended(ctx, turn, deadline)
-        if deadline is not None and _past(deadline, head.sent_at, now, ctx):
-            _count_late(ctx, deadline, head.sent_at, now)  # on_stale="run": it runs, counted
+        if deadline is not None and _late(deadline, head.sent_at, now, ctx):
+            _late_start(ctx, deadline)  # on_stale="run" (another policy concluded above)
         else:
             _count(event, "run")
         ctx.turn_spec = spec
@@ -452,31 +449,19 @@ def _recorded(ctx: JobContext) -> Turn | None:
 
 
 def _late(deadline: StartDeadline, sent_at: float | None, now: Any, ctx: JobContext) -> bool:
-    """Sent longer than the deadline before ``now``, and this its first attempt (a retry was
-    on time once); a policy of "run" finds nothing late (``_past`` does)."""
-    return deadline.policy != "run" and _past(deadline, sent_at, now, ctx)
-
-
-def _past(deadline: StartDeadline, sent_at: float | None, now: Any, ctx: JobContext) -> bool:
-    """Sent longer than the deadline before ``now``, on its first attempt, whatever the
-    policy."""
+    """Sent over the deadline before ``now``, on its first attempt (a retry was on time once)."""
     if sent_at is None or now is None or ctx.event.attempt > 1:
         return False
     return bool(now.timestamp() - sent_at > deadline.seconds)
 
 
-def _count_late(ctx: JobContext, deadline: StartDeadline, sent_at: float | None, now: Any) -> None:
-    """A message past its deadline that runs anyway (``on_stale="run"``): counted as a late
-    start (``start="late"``) and logged, so an operator sees a backlog run after an outage."""
+def _late_start(ctx: JobContext, deadline: StartDeadline) -> None:
+    """A late message ends by its policy (``_stale``), or runs (``on_stale="run"``): counted
+    as a late start and logged, so an operator sees a backlog run after an outage."""
+    if deadline.policy != "run":
+        _stale(ctx, deadline)
     _count(ctx.event, "late")
-    late_by = now.timestamp() - sent_at if sent_at is not None and now is not None else 0.0
-    log.info(
-        "job %s (%s) runs %.0fs after it was sent, past its stale_after of %gs (on_stale=run)",
-        ctx.event.job_id,
-        ctx.event.event_type,
-        late_by,
-        deadline.seconds,
-    )
+    log.info("job %s runs past its stale_after of %gs", ctx.event.job_id, deadline.seconds)
 
 
 def _stale(ctx: JobContext, deadline: StartDeadline) -> None:

@@ -40,7 +40,7 @@ def test_a_recall_cancels_the_running_turn_by_policy_or_when_nothing_is_left(
     turn whose every message is recalled is cancelled all the same. Either way it ends
     ``Cancelled`` at its next safe point: no reply, and its reaction comes off."""
     chat = Chat(webhook, fake, f"oc_recall_{policy}")
-    first = chat.say("hold")
+    first = chat.say("holdfast")  # held at its checkpoints until one of them ends it
     second = chat.say("and this")
     workers.start(**turn_env(fake, TURN_ON_RECALL=policy))
     wait_for(lambda: workers.lines("gated"), 60, "the turn to run")

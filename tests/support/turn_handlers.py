@@ -10,6 +10,7 @@ events.log``; what a message's text asks for steers it:
 - ``plain``: answer with a plain ``reply`` (no card);
   ``hold``: call ``checkpoint()`` every 10 ms for a minute, or until a message was merged into
   the turn or one of its messages recalled (a cancel or a newer message ends it);
+  ``holdfast``: the same until a checkpoint ends it (a cancel, a stop: a recall only flags);
 - ``fail``: raise after the model (attempts: TURN_ATTEMPTS); ``unknown``: a plain effect, then
   the process dies inside it; ``sleep``: sleep past the handler's timeout.
 
@@ -67,10 +68,13 @@ def turn(event: Event) -> None:
         if word.startswith("gate:"):
             record("gated", event.job_id, pid)
             wait_gate(word.removeprefix("gate:"))
-        if word == "hold":  # at a checkpoint every 10 ms until a stop, cancel or newer message
-            record("gated", event.job_id, pid)
+        if word in ("hold", "holdfast"):  # at a checkpoint every 10 ms until a stop, cancel
+            record("gated", event.job_id, pid)  # or newer message (holdfast: a stop or cancel)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (event.turn.merged or event.turn.recalled):
+            fast = word == "holdfast"
+            while time.monotonic() < deadline and (
+                fast or not (event.turn.merged or event.turn.recalled)
+            ):
                 feishu_inbox.checkpoint()
                 time.sleep(0.01)
             record("held", event.job_id, event.turn.merged, len(event.turn.recalled))
