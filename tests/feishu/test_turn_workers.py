@@ -36,6 +36,7 @@ from tests.support.connect_helpers import Connectors, apps_for, connected
 from tests.support.fake_feishu import FakeFeishu
 from tests.support.fake_feishu_ws import FakeLongConnection, card_action
 from tests.support.feishu_client import ENCRYPT_KEY, TOKEN, delivery, message_event
+from tests.support.ledger_helpers import one_snapshot
 from tests.support.processes import free_port, start_server, stop, wait_for
 from tests.support.worker_helpers import Workers
 
@@ -174,16 +175,19 @@ def replies_to(fake: FakeFeishu, message_ids: list[str]) -> list[Any]:
 
 
 def settled(chat: Chat, count: int) -> bool:
-    """Every one of the chat's ``count`` jobs has ended, and no cleanup waits."""
-    found = jobs(chat)
-    return (
-        len(found) >= count
-        and all(j.status in (Status.COMPLETED, Status.FAILED, Status.UNKNOWN) for j in found)
-        and not TurnCleanup.objects.exists()
-        and not EventJob.objects.filter(event_type=REMOVE_REACTION)
-        .exclude(status=Status.COMPLETED)
-        .exists()
-    )
+    """Every one of the chat's ``count`` jobs has ended, and no cleanup waits: read in one
+    snapshot (a removal that completed after recording a late one, which has not fired yet,
+    is not settled)."""
+    with one_snapshot():
+        found = list(EventJob.objects.filter(partition_key__endswith=chat.chat_id))
+        return (
+            len(found) >= count
+            and all(j.status in (Status.COMPLETED, Status.FAILED, Status.UNKNOWN) for j in found)
+            and not TurnCleanup.objects.exists()
+            and not EventJob.objects.filter(event_type=REMOVE_REACTION)
+            .exclude(status=Status.COMPLETED)
+            .exists()
+        )
 
 
 def card_of(fake: FakeFeishu, message_ids: list[str]) -> Any:

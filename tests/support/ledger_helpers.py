@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from feishu_inbox.models import Attempt, EventJob, Partition
@@ -25,6 +27,20 @@ def snapshot(job_id: int) -> tuple[Any, ...]:
         )
         attempts = cur.fetchall()
     return (job, part, tuple(attempts))
+
+
+@contextmanager
+def one_snapshot() -> Iterator[None]:
+    """The queries inside see the database as of one instant, as one statement would: a
+    condition read in several queries while workers commit (a job ended, then its cleanup
+    fired as a new job) must not pass on a mix of before and after. PostgreSQL: a REPEATABLE
+    READ transaction; SQLite: a transaction reads one snapshot from its first read on."""
+    connection.close()  # a fresh connection: none of the test's own transaction is open
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
 
 
 def catalog_texts(sql: str, params: list[Any] | None = None) -> list[str]:
