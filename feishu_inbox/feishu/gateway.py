@@ -33,6 +33,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from ..conf import InboxSettings
 from ..extras import require
 from ..ledger import reports as rows
+from ..runtime.interrupts import dump_stacks_on_signal
 from .channel import Channel, ChannelRefused, Status
 
 log = logging.getLogger("feishu_inbox.connection")
@@ -97,6 +98,7 @@ class Gateway:
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        dump_stacks_on_signal()  # kill -USR1: every thread's stack on stderr
         await loop.run_in_executor(self.report_pool, self._forget_lost)
         server = await self._serve_health() if self.health else None
         runs = {asyncio.ensure_future(c.run(stop)): c for c in self.channels}

@@ -9,10 +9,14 @@ exits. The handler here does only what is safe anywhere: it writes the signal's 
 pipe. A thread blocked on the pipe's other end calls ``on_signal`` for it, as ordinary code.
 
 A second signal ends the process at once, from the handler (``os._exit``: no lock either).
+
+SIGUSR1 writes the stack of every thread to stderr and changes nothing (``faulthandler``, in C:
+no lock, no Python code runs): ``kill -USR1 PID`` shows where a worker that seems stuck is.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -22,6 +26,8 @@ from typing import Any
 
 #: The signals that ask a worker to stop.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The signal that dumps every thread's stack to stderr, the process running on.
+DUMP_SIGNAL = signal.SIGUSR1
 #: Written to the pipe to end the relay's thread (no signal has the number 0).
 _END = b"\0"
 
@@ -46,11 +52,14 @@ class SignalRelay:
         self._thread.start()
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        dump_stacks_on_signal()
 
     def restore(self) -> None:
         """Give the signals back to their previous handlers and end the relay's thread."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if self._previous:
+            faulthandler.unregister(DUMP_SIGNAL)
         self._previous.clear()
         if self._pipe is None or self._thread is None:
             return
@@ -77,3 +86,9 @@ class SignalRelay:
             if not got or got == _END:
                 return
             self._on_signal(got[0])
+
+
+def dump_stacks_on_signal() -> None:
+    """From now on, ``DUMP_SIGNAL`` writes every thread's stack to stderr (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        faulthandler.register(DUMP_SIGNAL, all_threads=True, chain=False)

@@ -1,6 +1,7 @@
 """A hung test is cut by the per-test timeout (pytest-timeout, ``timeout_method = "signal"``),
-never by CI's limit: its failure shows the stack and the logs of the processes it started, the
-process is killed before the next test, and the rest of the suite runs and reports.
+never by CI's limit: its failure shows the stack and the logs of the processes it started (and
+where each thread of a worker was), the process is killed before the next test, and the rest of
+the suite runs and reports.
 
 The proof runs pytest on a generated module, in a subprocess, as the suites run it (on a
 pytest-xdist process): its first test starts a real ``manage.py runworker`` that ignores
@@ -94,6 +95,9 @@ def test_a_hung_test_is_cut_with_its_stack_and_its_workers_log(tmp_path: Path) -
     section = re.search(r"log of worker-0 \(runworker .*\), pid (\d+), running \(last 60", out)
     assert section, out
     assert "INFO feishu_inbox.worker worker" in out and "started: concurrency 1" in out, out
+    # And where each of its threads was (SIGUSR1: faulthandler's dump): the handler, waiting.
+    assert re.search(r"threads of worker-0 \(runworker .*\) when the test failed", out), out
+    assert re.search(r'stubborn_handlers\.py", line \d+ in stuck', out), out
     # The rest of the run ran and reported, and no worker is left.
     assert re.search(r"PASSED .*test_the_next_test_runs_and_the_worker_is_gone", out), out
     assert "1 failed, 1 passed" in out, out

@@ -123,12 +123,67 @@ def tail(text: str, lines: int = LOG_LINES) -> str:
     return cut + "\n".join(kept[-lines:])
 
 
+def proc_status(pid: int, field: str) -> str:
+    """A field of ``/proc/PID/status`` (Linux), "" when the process is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
+    for line in status.splitlines():
+        if line.startswith(f"{field}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (SigCgt)."""
+    caught = proc_status(pid, "SigCgt")
+    return bool(caught) and bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def dump_stacks(timeout: float = 5.0) -> dict[int, tuple[int, str]]:
+    """Ask each live process the test started that dumps its threads' stacks on SIGUSR1 (a
+    worker, a connector: ``feishu_inbox.runtime.interrupts``) to do so, and wait until each
+    dump is in its log: a failure then shows where a process that did nothing was. By index in
+    ``_started``: (where its log was when asked, the dump)."""
+    asked: dict[int, tuple[int, int]] = {}
+    for index, each in enumerate(_started):
+        proc = each.proc
+        if proc is None or proc.poll() is not None or not catches(proc.pid, signal.SIGUSR1):
+            continue
+        size = len(each.read())
+        threads = min(int(proc_status(proc.pid, "Threads") or 1), 100)  # (faulthandler's cap)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR1)
+            asked[index] = (size, threads)
+    deadline = time.monotonic() + timeout
+    dumps = {}
+    for index, (size, threads) in asked.items():
+        each = _started[index]
+        # every thread's heading written (a thread that ended meanwhile: until the deadline)
+        while each.read()[size:].count(STACK_MARK) < threads and time.monotonic() < deadline:
+            if each.proc.poll() is not None:
+                break
+            time.sleep(0.05)  # the polling interval of a condition wait
+        dumps[index] = (size, each.read()[size:])
+    return dumps
+
+
+#: faulthandler's heading of each thread's stack.
+STACK_MARK = "(most recent call first)"
+
+
 def started_logs() -> list[tuple[str, str]]:
-    """(section title, the log's last lines) of each thing the current test started."""
+    """(section title, the log's last lines) of each thing the current test started; a live
+    worker or connector adds its threads' stacks (``dump_stacks``)."""
+    dumps = dump_stacks()
     sections = []
-    for each in _started:
+    for index, each in enumerate(_started):
         try:
-            text = tail(each.read())
+            text = each.read()
+            if index in dumps:
+                text = text[: dumps[index][0]]
+            text = tail(text)
         except Exception as exc:  # a log that cannot be read says so, it hides no other
             text = f"(could not read it: {exc!r})"
         state = ""
@@ -136,6 +191,8 @@ def started_logs() -> list[tuple[str, str]]:
             code = each.proc.poll()
             state = f", pid {each.proc.pid}, " + ("running" if code is None else f"exit {code}")
         sections.append((f"log of {each.name}{state} (last {LOG_LINES} lines)", text or "(empty)"))
+        if index in dumps:
+            sections.append((f"threads of {each.name} when the test failed", dumps[index][1]))
     return sections
 
 
