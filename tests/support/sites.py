@@ -55,12 +55,24 @@ def manual_snippets() -> dict[str, str]:
 def site_env(venv: Path, **extra: str) -> dict[str, str]:
     """This process's environment without what points at the development one (its settings,
     database, virtual environment, pytest's variables), the site's ``bin`` first on PATH, and
-    the secrets the tests' deliveries are signed with."""
+    the secrets the tests' deliveries are signed with.
+
+    Nor PYTHONDONTWRITEBYTECODE (CI's machine sets it): a fresh venv holds no bytecode (uv
+    compiles none at install), so each command would compile every module it imports again,
+    as a user's site never does: the Open API extra's lark_oapi alone is 10,000 modules, 10 s
+    of CPU per command, and a worker's first claim waited minutes on a loaded machine."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("PYTEST")
-        and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH", "VIRTUAL_ENV")
+        and k
+        not in (
+            "DJANGO_SETTINGS_MODULE",
+            "DATABASE_URL",
+            "PYTHONPATH",
+            "VIRTUAL_ENV",
+            "PYTHONDONTWRITEBYTECODE",
+        )
     }
     env.update(
         PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
