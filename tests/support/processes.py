@@ -44,6 +44,13 @@ def waiting_now() -> Waiting | None:
     return getattr(_waiting, "current", None)
 
 
+#: A condition wait polls at once, then every 10 ms, the interval growing to 100 ms: a wait
+#: of seconds polls ~10 times a second, not 100 (a condition is often a few queries on a new
+#: connection: at 10 ms, the suites' waiting tests alone kept a core busy), and what ends
+#: within a few polls is seen within 10-20 ms.
+POLL_FIRST, POLL_GROWTH, POLL_LONGEST = 0.01, 1.25, 0.1
+
+
 def wait_for(
     condition: Callable[[], object],
     timeout: float = 10.0,
@@ -56,6 +63,7 @@ def wait_for(
     now = time.monotonic()
     waiting = Waiting(what or getattr(condition, "__qualname__", repr(condition)), timeout, now)
     outer, _waiting.current = waiting_now(), waiting
+    interval = POLL_FIRST
     try:
         while not (value := condition()):
             waiting.last = value
@@ -63,7 +71,8 @@ def wait_for(
                 raise AssertionError(
                     f"timed out after {timeout}s waiting for {waiting.what}; {saw(waiting, seen)}"
                 )
-            time.sleep(0.01)  # the polling interval of a condition wait, not synchronisation
+            time.sleep(interval)  # the polling interval of a condition wait, not synchronisation
+            interval = min(interval * POLL_GROWTH, POLL_LONGEST)
     except AssertionError:
         raise
     except BaseException:  # the per-test timeout (or Ctrl-C) cut the wait: its failure says so
