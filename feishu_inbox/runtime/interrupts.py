@@ -19,6 +19,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -42,6 +43,7 @@ class SignalRelay:
         self._previous: dict[int, Any] = {}
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
+        self._dumps = False
 
     def install(self) -> None:
         """Take over the stop signals (only the main thread can; elsewhere, nothing)."""
@@ -52,14 +54,15 @@ class SignalRelay:
         self._thread.start()
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
-        dump_stacks_on_signal()
+        self._dumps = dump_stacks_on_signal()
 
     def restore(self) -> None:
         """Give the signals back to their previous handlers and end the relay's thread."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        if self._previous:
+        if self._dumps:
             faulthandler.unregister(DUMP_SIGNAL)
+            self._dumps = False
         self._previous.clear()
         if self._pipe is None or self._thread is None:
             return
@@ -88,7 +91,15 @@ class SignalRelay:
             self._on_signal(got[0])
 
 
-def dump_stacks_on_signal() -> None:
-    """From now on, ``DUMP_SIGNAL`` writes every thread's stack to stderr (main thread only)."""
-    if threading.current_thread() is threading.main_thread():
-        faulthandler.register(DUMP_SIGNAL, all_threads=True, chain=False)
+def dump_stacks_on_signal() -> bool:
+    """From now on, ``DUMP_SIGNAL`` writes every thread's stack to stderr; whether it does
+    (only the main thread can register it, and only a stderr that is a file: not one a test
+    runner captures in memory)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+    faulthandler.register(DUMP_SIGNAL, all_threads=True, chain=False)
+    return True
