@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 from django.utils import timezone as dj_timezone
 
@@ -141,6 +141,9 @@ def as_dict(p: Pause) -> dict[str, object]:
 
 _cache: dict[str, object] = {"at": -1e9, "pauses": ()}
 _lock = threading.Lock()
+#: One thread of a process reads the pauses at a time: at each expiry, every handler thread
+#: that starts a job looks, and a worker of 250 threads asked for 250 connections at once.
+_reading = threading.Lock()
 
 
 def forget_cache() -> None:
@@ -149,14 +152,39 @@ def forget_cache() -> None:
 
 
 def active() -> tuple[Pause, ...]:
-    """The pauses, as of at most CACHE_SECONDS ago (one query per interval per process)."""
+    """The pauses, as of at most CACHE_SECONDS ago (one query per interval per process). A
+    thread that finds them stale while another thread reads them takes the last view (older
+    by that read's time); with no view yet (or forgotten), it waits for the read."""
     now = time.monotonic()
     at, known = _cache["at"], _cache["pauses"]  # one read of each: no lock on the hot path
     if now - float(at) < CACHE_SECONDS:  # type: ignore[arg-type]
         return known  # type: ignore[return-value]
-    found = tuple(Pause.objects.all())
+    if not _reading.acquire(blocking=float(at) <= -1e9):  # type: ignore[arg-type]
+        return known  # type: ignore[return-value]
+    try:
+        if time.monotonic() - float(_cache["at"]) < CACHE_SECONDS:  # type: ignore[arg-type]
+            # (read by another thread while this one waited)
+            return _cache["pauses"]  # type: ignore[return-value]
+        return _read()
+    finally:
+        _reading.release()
+
+
+def _read() -> tuple[Pause, ...]:
+    """The pauses as stored now, kept as the process's view. On a thread that had no
+    connection (a handler thread whose jobs never touch the database), the one this read
+    opened is closed again: a pool thread keeps its connection for ever, and a worker's
+    threads would hold one each for this read alone."""
+    started = time.monotonic()
+    conn = connections[Pause.objects.db]
+    opened = conn.connection is None
+    try:
+        found = tuple(Pause.objects.all())
+    finally:
+        if opened and not conn.in_atomic_block:
+            conn.close()
     with _lock:
-        _cache["pauses"], _cache["at"] = found, now
+        _cache["pauses"], _cache["at"] = found, started
     return found
 
 
@@ -166,8 +194,7 @@ def holding(*, app: str, event_type: str, partition_key: str) -> Pause | None:
     found = _holding(active(), app, event_type, partition_key)
     if found is None:
         return None
-    forget_cache()
-    return _holding(active(), app, event_type, partition_key)
+    return _holding(_read(), app, event_type, partition_key)
 
 
 def _holding(

@@ -99,3 +99,49 @@ def test_a_refused_pause_says_why_and_changes_nothing() -> None:
     with pytest.raises(Exception, match="There is no user 'nobody'"):
         inbox("pause", "--app", "default", "--user", "nobody")
     assert not Pause.objects.exists()
+
+
+def test_many_threads_that_find_the_view_stale_read_the_pauses_once_and_keep_no_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's handler threads each look at the pauses as they start a job. At the view's
+    expiry, one of them reads (the others take the last view meanwhile), and a thread that had
+    no connection keeps none: a worker of 251 threads once asked for 251 connections at once,
+    past the server's max_connections."""
+    import threading
+
+    from django.db import connection
+
+    pauses.pause("partition", "chat-x")
+    pauses.active()  # a view, then stale
+    monkeypatch.setattr(pauses, "CACHE_SECONDS", 0.0)
+    reads, inside, release = [], threading.Event(), threading.Event()
+    real = pauses.Pause.objects.all
+
+    def slow_all() -> object:  # the first read holds until every other thread has looked
+        reads.append(threading.get_ident())
+        inside.set()
+        release.wait(30)
+        return real()
+
+    monkeypatch.setattr(pauses.Pause.objects, "all", slow_all)
+    seen: dict[int, object] = {}
+    kept: dict[int, bool] = {}
+
+    def look(n: int) -> None:
+        seen[n] = pauses.active()
+        kept[n] = connection.connection is not None
+
+    first = threading.Thread(target=look, args=(0,))
+    first.start()
+    assert inside.wait(30)
+    others = [threading.Thread(target=look, args=(n,)) for n in range(1, 40)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join(30)
+    release.set()
+    first.join(30)
+    assert len(reads) == 1  # one read; 39 threads took the last view
+    assert all(s and s[0].value == "chat-x" for s in seen.values()), seen  # type: ignore[index]
+    assert kept == dict.fromkeys(range(40), False)  # no thread kept a connection
