@@ -174,8 +174,20 @@ def dump_stacks(timeout: float = 5.0) -> dict[int, tuple[int, str]]:
             if each.proc.poll() is not None:
                 break
             time.sleep(0.05)  # the polling interval of a condition wait
-        dumps[index] = (size, each.read()[size:])
+        dumps[index] = (size, stacks_in(each.read()[size:]))
     return dumps
+
+
+def stacks_in(text: str, most: int = 400) -> str:
+    """faulthandler's lines in a log's text (the process logged on while it dumped), at most
+    ``most`` of them."""
+    kept = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("Thread 0x", "Current thread 0x", "  File ", "  <"))
+    ]
+    cut = f"\n[… {len(kept) - most} more lines]" if len(kept) > most else ""
+    return "\n".join(kept[:most]) + cut
 
 
 #: faulthandler's heading of each thread's stack.
