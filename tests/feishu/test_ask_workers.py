@@ -53,7 +53,6 @@ def ask_job(fake: FakeFeishu, n: int, **payload: Any) -> int:
 
 
 def status(job_id: int) -> str:
-    connection.close()  # a fresh snapshot of what the workers committed
     return str(EventJob.objects.get(pk=job_id).status)
 
 

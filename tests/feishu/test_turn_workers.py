@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from feishu_inbox.feishu import streams
 from feishu_inbox.feishu.turns import REMOVE_REACTION, stop_value
@@ -166,7 +165,6 @@ def chat_on(transport: str, request: pytest.FixtureRequest, fake: FakeFeishu, na
 
 
 def jobs(chat: Chat) -> list[EventJob]:
-    connection.close()  # a fresh snapshot of what the workers committed
     return list(EventJob.objects.filter(partition_key__endswith=chat.chat_id).order_by("id"))
 
 
@@ -209,7 +207,6 @@ def cleaned_once(fake: FakeFeishu) -> None:
     whose lease lapsed on a starved machine, runs again), and none of them is left."""
     reacted = {m for operation, m in list(fake.reactions.requests) if operation == "add"}
     lists = Counter(m for operation, m in list(fake.reactions.requests) if operation == "list")
-    connection.close()
     removals = list(EventJob.objects.filter(event_type=REMOVE_REACTION))
     first = [j for j in removals if "not_before" not in j.payload]
     late = [j for j in removals if "not_before" in j.payload]

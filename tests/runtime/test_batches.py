@@ -391,7 +391,6 @@ def test_a_worker_killed_between_its_handlers_return_and_their_batch_commit(
     workers.start("--concurrency", "4", "--lease-seconds", "2")
 
     def settled() -> bool:
-        connection.close()
         return EventJob.objects.filter(status__in=["running", "queued", "retry_wait"]).count() == 0
 
     wait_for(settled, 60, "every job to end")

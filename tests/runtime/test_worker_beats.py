@@ -12,7 +12,6 @@ import signal
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
-from django.db import connection
 from django.test import Client, override_settings
 
 from feishu_inbox.ledger import workers as worker_beats
@@ -34,7 +33,6 @@ def env() -> dict[str, str]:
 
 
 def state(pid: int) -> str | None:
-    connection.close()
     return next((w.state for w in worker_beats.workers() if w.pid == pid), None)
 
 
@@ -49,7 +47,6 @@ def test_workers_are_seen_live_lost_and_stopped_with_what_they_run(workers: Work
         second = workers.start("--concurrency", "3", "--exclude-queues", "emails", **env())
 
         def running() -> bool:
-            connection.close()
             found = {w.pid: w for w in worker_beats.workers()}
             w = found.get(second.pid)
             return w is not None and w.busy == 1 and w.running_jobs == [job_id]

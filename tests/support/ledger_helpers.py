@@ -35,7 +35,6 @@ def one_snapshot() -> Iterator[None]:
     condition read in several queries while workers commit (a job ended, then its cleanup
     fired as a new job) must not pass on a mix of before and after. PostgreSQL: a REPEATABLE
     READ transaction; SQLite: a transaction reads one snapshot from its first read on."""
-    connection.close()  # a fresh connection: none of the test's own transaction is open
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cur:

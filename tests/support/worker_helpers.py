@@ -84,12 +84,9 @@ def wait_all_completed(total: int, timeout: float, stderr: Callable[[], str]) ->
     waiting), and assert that every job completed (``stderr``: a worker's, read at the end)."""
     from collections import Counter
 
-    from django.db import connection
-
     from tests.support.processes import wait_for
 
     def settled() -> bool:
-        connection.close()
         return EventJob.objects.filter(status="completed").count() == total or (
             EventJob.objects.filter(status__in=["unknown", "failed"]).exists()
         )
