@@ -10,6 +10,7 @@ writers of other processes meet it.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -43,6 +44,23 @@ def _clock(offset_seconds: float | None = 0.0) -> str:
     return when.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
 
 
+#: Django's probe of the JSON functions (``DatabaseFeatures.supports_json_field``).
+JSON_PROBE = """SELECT JSON('{"a": "b"}')"""
+
+
+def _has_json(connection: BaseDatabaseWrapper) -> bool:
+    """Whether this SQLite has the JSON functions: Django's own probe, outside a transaction.
+    Django runs it inside one, which ``transaction_mode = "IMMEDIATE"`` makes take the write
+    lock: behind a busy writer it waits out the busy timeout, and the error reads as "no JSON"
+    (a worker refused at start with ``fields.E180`` on every JSONField; a process that ran on
+    would pick SQL for a database without JSON). A lone SELECT needs no lock."""
+    try:
+        connection.connection.execute(JSON_PROBE).fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
 def _adapt(value: Any) -> Any:
     if isinstance(value, list):
         return json.dumps(value)
@@ -68,6 +86,8 @@ class SqliteStore(SqlStore):
         # The clock the queries read: now() and feishu_inbox_now_plus(seconds).
         connection.connection.create_function("now", 0, _clock)
         connection.connection.create_function("feishu_inbox_now_plus", 1, _clock)
+        if "supports_json_field" not in connection.features.__dict__:
+            connection.features.__dict__["supports_json_field"] = _has_json(connection)
 
     def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]:
         options = settings_dict.get("OPTIONS", {})

@@ -308,3 +308,29 @@ def test_no_index_of_the_job_table_names_what_a_running_jobs_updates_change() ->
     for definition in definitions:
         named = set(re.findall(r"\w+", definition)) & set(RUNNING_JOB_COLUMNS)
         assert not named, f"{definition} names {named}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_sqlite_connection_behind_a_busy_writer_still_knows_it_has_json() -> None:
+    """Django probes SQLite's JSON support in a transaction, which IMMEDIATE makes take the
+    write lock: behind a writer that held it past the busy timeout, the probe failed and read
+    as "no JSON", and a worker started under load was refused (fields.E180 on every
+    JSONField; without the store's probe this test fails so, after the busy timeout). The
+    store probes outside a transaction, which needs no lock."""
+    import sqlite3
+
+    from django.db import connections
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's probe")
+    writer = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process's write transaction, held
+    try:
+        fresh = connections.create_connection("default")
+        fresh.ensure_connection()
+        assert fresh.features.supports_json_field is True
+        assert fresh.features.has_json_object_function is True
+        fresh.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
