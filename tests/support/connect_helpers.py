@@ -55,7 +55,7 @@ class Connectors(Subprocesses):
         )
         argv = ["feishu_connect", "-v", "2", *args]
         proc = preforked.start(argv, env, self.dir / f"connect-{n}.err")
-        self.add(proc, f"connector-{n} (feishu_connect {' '.join(args)})")
+        self.add(proc, f"connector-{n} (feishu_connect {' '.join(args)})", dumps=True)
         return proc
 
     def all_stderr(self) -> str:

@@ -111,15 +111,18 @@ class Started:
     name: str
     read: Callable[[], str]
     proc: Any = None  # a subprocess.Popen or preforked.Forked: killed after the test if alive
+    #: Whether SIGUSR1 dumps its threads' stacks (runworker, feishu_connect): another process
+    #: may use the signal for something else (gunicorn reopens its logs, PgBouncer pauses).
+    dumps: bool = False
 
 
 _started: list[Started] = []
 
 
-def started(name: str, read: Callable[[], str], proc: Any = None) -> None:
+def started(name: str, read: Callable[[], str], proc: Any = None, dumps: bool = False) -> None:
     """Register what the current test started: its failure shows the end of ``read()``, and a
     ``proc`` still alive when the test's teardown is over is killed before the next test."""
-    _started.append(Started(name, read, proc))
+    _started.append(Started(name, read, proc, dumps))
 
 
 def log_file(path: Path) -> Callable[[], str]:
@@ -158,7 +161,9 @@ def dump_stacks(timeout: float = 5.0) -> dict[int, tuple[int, str]]:
     asked: dict[int, tuple[int, int]] = {}
     for index, each in enumerate(_started):
         proc = each.proc
-        if proc is None or proc.poll() is not None or not catches(proc.pid, signal.SIGUSR1):
+        if not each.dumps or proc is None or proc.poll() is not None:
+            continue
+        if not catches(proc.pid, signal.SIGUSR1):  # (not yet: the signal would kill it)
             continue
         size = len(each.read())
         threads = min(int(proc_status(proc.pid, "Threads") or 1), 100)  # (faulthandler's cap)
@@ -299,10 +304,11 @@ class Subprocesses:
     def stderr(self, proc: subprocess.Popen[bytes]) -> str:
         return Path(proc.stderr_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
-    def add(self, proc: Any, name: str) -> None:
-        """One more process of this test's, its stderr in ``proc.stderr_path``."""
+    def add(self, proc: Any, name: str, dumps: bool = False) -> None:
+        """One more process of this test's, its stderr in ``proc.stderr_path``; ``dumps``: it
+        writes its threads' stacks there on SIGUSR1."""
         self.procs.append(proc)
-        started(name, log_file(Path(proc.stderr_path)), proc)
+        started(name, log_file(Path(proc.stderr_path)), proc, dumps)
 
     def stop_all(self) -> None:
         """SIGKILL every one still running (a SIGTERM could be ignored), then wait for each."""

@@ -33,7 +33,7 @@ class Workers(Subprocesses):
             }
         )
         proc = preforked.start(argv, environ, self.dir / f"worker-{n}.err")
-        self.add(proc, f"worker-{n} (runworker {' '.join(args)})")
+        self.add(proc, f"worker-{n} (runworker {' '.join(args)})", dumps=True)
         return proc
 
     def log(self) -> list[list[str]]:
