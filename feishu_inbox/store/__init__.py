@@ -278,6 +278,20 @@ def _prepare_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: 
 
 connection_created.connect(_prepare_connection, dispatch_uid="feishu_inbox.store")
 
+
+def _install_sqlite_probe() -> None:
+    """SQLite's JSON probe, ours before any connection is made (``sqlite.install_json_probe``)."""
+    from django.conf import settings
+
+    engines = {str(db.get("ENGINE", "")) for db in settings.DATABASES.values()}
+    if any("sqlite" in engine for engine in engines):
+        from .sqlite import install_json_probe
+
+        install_json_probe()
+
+
+_install_sqlite_probe()
+
 __all__ = [
     "EVERY_KEY",
     "Fence",

@@ -61,6 +61,29 @@ def _has_json(connection: BaseDatabaseWrapper) -> bool:
     return True
 
 
+def _probe_json(features: Any) -> bool:
+    connection = features.connection
+    connection.ensure_connection()
+    return _has_json(connection)
+
+
+def install_json_probe() -> None:
+    """Make Django's SQLite ``supports_json_field`` our probe (:func:`_has_json`), on the class.
+
+    Setting it on each new connection (``connection_created``) is too late when the first thing
+    to touch a wrapper is the probe itself (the system checks at a worker's start do): Django's
+    getter connects, our hook runs inside it, and the getter's own answer, taken in the busy
+    transaction, overwrites ours. Idempotent; it changes no other feature."""
+    from django.db.backends.sqlite3.features import DatabaseFeatures
+    from django.utils.functional import cached_property
+
+    if getattr(DatabaseFeatures.supports_json_field, "func", None) is _probe_json:
+        return
+    probe = cached_property(_probe_json)
+    probe.__set_name__(DatabaseFeatures, "supports_json_field")
+    DatabaseFeatures.supports_json_field = probe  # type: ignore[assignment]
+
+
 def _adapt(value: Any) -> Any:
     if isinstance(value, list):
         return json.dumps(value)
@@ -86,8 +109,6 @@ class SqliteStore(SqlStore):
         # The clock the queries read: now() and feishu_inbox_now_plus(seconds).
         connection.connection.create_function("now", 0, _clock)
         connection.connection.create_function("feishu_inbox_now_plus", 1, _clock)
-        if "supports_json_field" not in connection.features.__dict__:
-            connection.features.__dict__["supports_json_field"] = _has_json(connection)
 
     def settings_problems(self, settings_dict: Mapping[str, Any]) -> list[str]:
         options = settings_dict.get("OPTIONS", {})
