@@ -81,11 +81,16 @@ def test_180_replies_over_12_chats_keep_feishus_limits_together(
     refused = counts.get("rate_limited", 0)
     assert refused <= 0.05 * counts["message_requests"], counts
     print(f"180 replies in {took:.2f}s, {refused} of {counts['message_requests']} refused")
-    # Not throttled far below the limits: 180 at 50/s after a burst of 50 take 2.6 s, and a
-    # bucket refilled at a tenth of its rate (or a chat's 5/s taken as the app's) takes 26 s or
-    # more. The bound is the order of magnitude, not a timing goal (bench/flow_control.py has
-    # that): two suites on two cores made 9 s of this once.
-    assert took < 180 / 50 * 4, took
+    # Not throttled below the limits: the buckets the workers took from are Feishu's (the app's
+    # 50/s, each chat's 5/s, burst 1), and a bucket refills at its rate
+    # (test_a_bucket_refills_at_its_rate). The pace is not asserted here: idle, 180 take 3.6 s
+    # (the app's 50/s with burst 1), and with CI's two suites on two cores 9 s, then 15.5 s;
+    # bench/flow_control.py measures it.
+    rows = {r.key: r for r in RateBucket.objects.filter(key__startswith="feishu:")}
+    assert (rows["feishu:default"].rate, rows["feishu:default"].burst) == (50, 1)
+    chats = {k: r for k, r in rows.items() if ":chat:" in k}
+    assert {(r.rate, r.burst) for r in chats.values()} == {(5, 1)}
+    assert len(chats) == 12 and sum(r.taken for r in chats.values()) == counts["message_requests"]
     # Waiting for a limit spent no attempt: no attempt ended to be retried because of a limit
     # (a job waits for a token given back, its attempt unspent). An attempt that failed for
     # another reason is retried as any job's is: under the stress rounds' load one job in 900
