@@ -67,6 +67,13 @@ def turn_env(fake: FakeFeishu, app: str = "default", **env: str) -> dict[str, st
     }
 
 
+#: For the tests that wait out a late removal (a worker killed, or a thread abandoned, while it
+#: could still send an add): the Open API's request timeout in their workers, 5 s instead of
+#: 10, makes the window in which such an add lands or never will (``turns.add_window``: four
+#: tries and 5 s of margin) 25 s instead of 45. A request to the fake takes milliseconds.
+SHORT_OPENAPI = {"TURN_OPENAPI_TIMEOUT": "5"}
+
+
 #: Delivers an envelope and returns the answer Feishu got (the webhook's body, the ACK's data).
 Send = Callable[[dict[str, Any]], Any]
 TRANSPORTS = ["webhook", "long_connection"]
@@ -256,7 +263,7 @@ def test_kills_in_the_quiet_window_in_the_turn_and_mid_stream_still_make_one_tur
 ) -> None:
     chat = chat_on(transport, request, fake, "oc_kills")
     # a quiet window long enough that a busy machine's worker is killed inside it
-    env = turn_env(fake, TURN_QUIET="8", TURN_MAX_WAIT="30")
+    env = turn_env(fake, TURN_QUIET="8", TURN_MAX_WAIT="30", **SHORT_OPENAPI)
     args = ("--lease-seconds", "2")
     first = workers.start(*args, **env)
     wait_for(lambda: " started: " in workers.stderr(first), 60, "the worker to start")
@@ -408,6 +415,7 @@ def test_the_typing_reaction_comes_off_however_the_turn_ends(
         # must not time out on a loaded machine)
         TURN_TIMEOUT="1" if ending == "sleep" else "60",
         TURN_DURING="supersede" if ending == "superseded" else "queue",
+        **SHORT_OPENAPI,
     )
     workers.start("--lease-seconds", "2", **env)
     text = {"cancel": "hold", "superseded": "hold"}.get(ending, ending)
@@ -449,7 +457,7 @@ def test_a_hundred_turns_with_random_kills_leave_no_reaction_behind(
     request: pytest.FixtureRequest, fake: FakeFeishu, workers: Workers
 ) -> None:
     rng = random.Random(50)
-    env = turn_env(fake)
+    env = turn_env(fake, **SHORT_OPENAPI)
     args = ("--concurrency", "4", "--lease-seconds", "2")
     procs = [workers.start(*args, **env) for _ in range(2)]
     # half the chats over the webhook, half over the long connection (one run covers both)
