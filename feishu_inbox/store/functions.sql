@@ -232,7 +232,11 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim: as in 0039_fair_claims.sql (migration 0039_fair_claims).
+-- feishu_inbox_claim: as in 0042_claim_without_tenants.sql (migration 0042_claim_without_tenants).
+--
+-- (0042:) on a site without tenants, one probe that starts past the heads of none replaces
+-- the probe for the first tenant, which walked every dead entry a held snapshot keeps in
+-- the claimable index (see 0042_claim_without_tenants.sql).
 --
 -- (0039:) two probes of the claimable index, which leads with the head's tenant now: with
 -- several tenants claimable, feishu_inbox_claim_fair claims; with one, its heads as below
@@ -268,21 +272,31 @@ CREATE OR REPLACE FUNCTION feishu_inbox_claim(
 SET enable_sort = off SET enable_seqscan = off AS $$
 DECLARE
     v_tenant text;
+    v_several boolean := FALSE;
 BEGIN
     IF p_limit < 1 THEN
         RETURN;
     END IF;
-    -- claimable_tenant: the first tenant with claimable heads, the claimable index's first
-    -- entry (none: nothing to claim); another_tenant: one more. With several, the fair
-    -- claim shares the slots between them; with one (a site without tenants), its heads are
-    -- taken in index order, as before.
-    SELECT head_tenant INTO v_tenant FROM {partition}
-    WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
+    -- (0042:) any_tenant: whether a claimable head has a tenant, an index probe that starts
+    -- past the heads of none, whatever the index holds before them. None has (a site without
+    -- tenants): the heads of none are taken in index order. Else claimable_tenant: the first
+    -- tenant with claimable heads, the claimable index's first entry (none: nothing to
+    -- claim); another_tenant: one more. With several, the fair claim shares the slots between
+    -- them; with one, its heads are taken in index order, as before.
     IF EXISTS (SELECT 1 FROM {partition}
-               WHERE head_state IN {claimable} AND head_tenant > v_tenant) THEN
+               WHERE head_state IN {claimable} AND head_tenant > '') THEN
+        SELECT head_tenant INTO v_tenant FROM {partition}
+        WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        v_several := v_tenant = '' OR EXISTS (
+            SELECT 1 FROM {partition}
+            WHERE head_state IN {claimable} AND head_tenant > v_tenant);
+    ELSE
+        v_tenant := '';
+    END IF;
+    IF v_several THEN
         RETURN QUERY SELECT * FROM feishu_inbox_claim_fair(p_worker, p_token, p_lease, p_limit,
                                                            NULL, FALSE);
         RETURN;
@@ -332,8 +346,9 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- feishu_inbox_claim_prefixed: as in 0039_fair_claims.sql (migration 0039_fair_claims): the
--- same probes and fair claim as feishu_inbox_claim's (0039), the fair one in the queues.
+-- feishu_inbox_claim_prefixed: as in 0042_claim_without_tenants.sql (migration
+-- 0042_claim_without_tenants): the same probes and fair claim as feishu_inbox_claim's (0039,
+-- 0042), the fair one in the queues.
 -- (0033:) its jobs updated by primary key, as feishu_inbox_claim's.
 --
 -- (0010:) a claim for a worker that runs some queues of django.tasks tasks only
@@ -355,21 +370,31 @@ CREATE OR REPLACE FUNCTION feishu_inbox_claim_prefixed(
 SET enable_sort = off SET enable_seqscan = off AS $$
 DECLARE
     v_tenant text;
+    v_several boolean := FALSE;
 BEGIN
     IF p_limit < 1 THEN
         RETURN;
     END IF;
-    -- claimable_tenant: the first tenant with claimable heads, the claimable index's first
-    -- entry (none: nothing to claim); another_tenant: one more. With several, the fair
-    -- claim shares the slots between them; with one (a site without tenants), its heads are
-    -- taken in index order, as before.
-    SELECT head_tenant INTO v_tenant FROM {partition}
-    WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
+    -- (0042:) any_tenant: whether a claimable head has a tenant, an index probe that starts
+    -- past the heads of none, whatever the index holds before them. None has (a site without
+    -- tenants): the heads of none are taken in index order. Else claimable_tenant: the first
+    -- tenant with claimable heads, the claimable index's first entry (none: nothing to
+    -- claim); another_tenant: one more. With several, the fair claim shares the slots between
+    -- them; with one, its heads are taken in index order, as before.
     IF EXISTS (SELECT 1 FROM {partition}
-               WHERE head_state IN {claimable} AND head_tenant > v_tenant) THEN
+               WHERE head_state IN {claimable} AND head_tenant > '') THEN
+        SELECT head_tenant INTO v_tenant FROM {partition}
+        WHERE head_state IN {claimable} ORDER BY head_tenant LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        v_several := v_tenant = '' OR EXISTS (
+            SELECT 1 FROM {partition}
+            WHERE head_state IN {claimable} AND head_tenant > v_tenant);
+    ELSE
+        v_tenant := '';
+    END IF;
+    IF v_several THEN
         RETURN QUERY SELECT * FROM feishu_inbox_claim_fair(p_worker, p_token, p_lease, p_limit,
                                                            p_prefixes, p_excluding);
         RETURN;
