@@ -16,6 +16,7 @@ class Migration(migrations.Migration):
     operations = [
         RunPostgresFunctions(
             "0042_claim_without_tenants.sql",
-            reverse_filename="0042_claim_without_tenants.down.sql",
+            # the two claims as 0039 left them, then 0040's fair claim again
+            reverse_filename=("0039_fair_claims.sql", "0040_fair_ring.sql"),
         ),
     ]

@@ -5,12 +5,12 @@
 -- ones, and that probe walked them all, heap visit by heap visit, as the claim's own
 -- statement then walked them again. Now an index probe that starts past the heads of no
 -- tenant says whether any head has one; where none has, the heads of none are claimed at
--- once, as before. Sites with tenants probe as before. Measured (blocks of the partition
--- table and its claimable index one claim of 10 reads, in a rolled-back transaction; 1,000
+-- once, as before. Sites with tenants probe as before. Measured by bench/claim_blocks.py
+-- (blocks of the partition table and its claimable index one claim of 10 reads; 1,000
 -- chats, each one's next job enqueued as its last one finished, a REPEATABLE READ snapshot
--- held): 532 before, 413 after, 5,000 jobs after the snapshot began; 1,922 and 1,415 after
--- 20,000; 3,789 and 2,763 after 40,000. A quarter less; what is left grows as before: the
--- claim's own walk, ordered by head_id, still meets every dead entry first.
+-- held): 427 against 543 after 5,000 jobs since the snapshot began, 1,532 against 2,084
+-- after 20,000, 2,915 against 4,044 after 40,000. A quarter less; what is left grows as
+-- before: the claim's own walk, ordered by head_id, still meets every dead entry first.
 
 CREATE OR REPLACE FUNCTION feishu_inbox_claim(
     p_worker text, p_token text, p_lease float8, p_limit integer
