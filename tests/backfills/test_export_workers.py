@@ -54,9 +54,10 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
         "orders",
         Row.objects.all(),
         columns=["id", "label"],
-        # 20 parts: room for the two measured and eight kills however many parts a worker
-        # writes between two polls (with 8, a CI run's export ended before its last kill)
-        part_rows=10_000,
+        # 40 parts: room for the two measured and twelve kills however many parts a worker
+        # writes between two polls (with 8, a CI run's export ended before its last kill;
+        # with 20, a stress round's ended after five kills, two of them inside a part)
+        part_rows=5_000,
         chunk_size=1000,
         storage=FileSystemStorage(location=root),
     )
@@ -67,10 +68,10 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     wait_for(lambda: export_row(handle.uid).part_count > first, 120, "the second part")
     part_seconds = time.monotonic() - started
     inside = kills = 0
-    # Kills until three of them cut a part (at most 8: 20 parts leave room). A kill meant for
+    # Kills until three of them cut a part (at most 12: 40 parts leave room). A kill meant for
     # inside a part can land after it on a loaded machine (the part just seen may have landed
     # a poll ago): what the test proves is the cuts, not the count of kills.
-    while inside < 3 and kills < 8 and export_row(handle.uid).part_count < 18:
+    while inside < 3 and kills < 12 and export_row(handle.uid).part_count < 38:
         kills += 1
         before = export_row(handle.uid).part_count
         wait_for(lambda b=before: export_row(handle.uid).part_count > b, 120, "a part to land")
@@ -84,13 +85,13 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     assert inside >= 3, (inside, kills)  # three kills cut a part (the others fell between two)
     wait_for(lambda: export_row(handle.uid).state != "running", 180, "the export to end")
     done = export_row(handle.uid)
-    assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 20)
+    assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 40)
     assert read_back(root, done) == list(Row.objects.order_by("id").values_list("id", "label"))
     # Each part once, under the name its commit recorded; the killed writes' files are gone.
     files = sorted(p.name for p in (root / handle.prefix).iterdir())
     assert files == sorted(["manifest.json", *(p["name"].rsplit("/", 1)[1] for p in done.parts)])
     assert [p["name"].rsplit("/", 1)[1][:10] for p in done.parts] == [
-        f"part-{n:05d}" for n in range(1, 21)
+        f"part-{n:05d}" for n in range(1, 41)
     ]
 
 

@@ -111,5 +111,7 @@ def test_a_held_snapshot_shows_in_the_metrics_and_the_hot_path_does_not_collapse
         f"\nenqueue -> start p99: {baseline * 1000:.1f} ms before the snapshot, "
         f"{end * 1000:.1f} ms in the last {HOLD / 3:.0f} s of a {HOLD:.0f} s hold at {RATE} jobs/s"
     )
-    # Not the goal (2x, bench/held_snapshot.py): a collapse guard, with room for a loaded machine.
-    assert end <= max(4 * baseline, 0.25), (baseline, end)
+    # Not the goal (2x, bench/held_snapshot.py): a collapse guard, with room for a loaded machine
+    # (a stress round, both cores taken, made 0.41 s of a 0.067 s baseline; a collapse is
+    # seconds).
+    assert end <= max(4 * baseline, 1.0), (baseline, end)
