@@ -44,6 +44,16 @@ def read_back(root: Path, export: Export) -> list[tuple[int, str]]:
     return rows
 
 
+def landing(uid: Any, before: int) -> int:
+    """The part count once a part past ``before`` has landed, seen within a poll of 10 ms
+    (wait_for's polls back off to 100 ms: a kill meant for inside the next part came late)."""
+    deadline = time.monotonic() + 120
+    while (count := export_row(uid).part_count) <= before:
+        assert time.monotonic() < deadline, f"no part landed in 120 s after part {before}"
+        time.sleep(0.01)
+    return count
+
+
 @pytest.mark.timeout(600)
 def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     table: Any, workers: Workers, tmp_path: Path
@@ -54,28 +64,28 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
         "orders",
         Row.objects.all(),
         columns=["id", "label"],
-        # 40 parts: room for the two measured and twelve kills however many parts a worker
-        # writes between two polls (with 8, a CI run's export ended before its last kill;
-        # with 20, a stress round's ended after five kills, two of them inside a part)
-        part_rows=5_000,
-        chunk_size=1000,
+        # 20 parts: room for the two measured and eight kills however many parts a worker
+        # writes between two polls (with 8, a CI run's export ended before its last kill)
+        part_rows=10_000,
+        # 20 reads a part: a part lasts long enough that a kill at a random point of it lands
+        # inside on a loaded machine (with 1,000, a CI run's kills fell after the part)
+        chunk_size=500,
         storage=FileSystemStorage(location=root),
     )
     worker = start_worker(workers)
     # How long a part takes here: the kills land at random points inside the next one.
-    wait_for(lambda: export_row(handle.uid).part_count >= 1, 120, "the first part")
-    first, started = export_row(handle.uid).part_count, time.monotonic()
-    wait_for(lambda: export_row(handle.uid).part_count > first, 120, "the second part")
+    first = landing(handle.uid, 0)
+    started = time.monotonic()
+    landing(handle.uid, first)
     part_seconds = time.monotonic() - started
     inside = kills = 0
-    # Kills until three of them cut a part (at most 12: 40 parts leave room). A kill meant for
+    # Kills until three of them cut a part (at most 8: 20 parts leave room). A kill meant for
     # inside a part can land after it on a loaded machine (the part just seen may have landed
     # a poll ago): what the test proves is the cuts, not the count of kills.
-    while inside < 3 and kills < 12 and export_row(handle.uid).part_count < 38:
+    while inside < 3 and kills < 8 and export_row(handle.uid).part_count < 18:
         kills += 1
         before = export_row(handle.uid).part_count
-        wait_for(lambda b=before: export_row(handle.uid).part_count > b, 120, "a part to land")
-        landed = export_row(handle.uid).part_count
+        landed = landing(handle.uid, before)
         # A random point of the next part (the part just seen landed up to a poll ago).
         time.sleep(random.uniform(0.1, 0.5) * part_seconds)
         os.kill(worker.pid, signal.SIGKILL)
@@ -85,13 +95,13 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     assert inside >= 3, (inside, kills)  # three kills cut a part (the others fell between two)
     wait_for(lambda: export_row(handle.uid).state != "running", 180, "the export to end")
     done = export_row(handle.uid)
-    assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 40)
+    assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 20)
     assert read_back(root, done) == list(Row.objects.order_by("id").values_list("id", "label"))
     # Each part once, under the name its commit recorded; the killed writes' files are gone.
     files = sorted(p.name for p in (root / handle.prefix).iterdir())
     assert files == sorted(["manifest.json", *(p["name"].rsplit("/", 1)[1] for p in done.parts)])
     assert [p["name"].rsplit("/", 1)[1][:10] for p in done.parts] == [
-        f"part-{n:05d}" for n in range(1, 41)
+        f"part-{n:05d}" for n in range(1, 21)
     ]
 
 
