@@ -44,16 +44,6 @@ def read_back(root: Path, export: Export) -> list[tuple[int, str]]:
     return rows
 
 
-def landing(uid: Any, before: int) -> int:
-    """The part count once a part past ``before`` has landed, seen within a poll of 10 ms
-    (wait_for's polls back off to 100 ms: a kill meant for inside the next part came late)."""
-    deadline = time.monotonic() + 120
-    while (count := export_row(uid).part_count) <= before:
-        assert time.monotonic() < deadline, f"no part landed in 120 s after part {before}"
-        time.sleep(0.01)
-    return count
-
-
 @pytest.mark.timeout(600)
 def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     table: Any, workers: Workers, tmp_path: Path
@@ -67,16 +57,14 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
         # 20 parts: room for the two measured and eight kills however many parts a worker
         # writes between two polls (with 8, a CI run's export ended before its last kill)
         part_rows=10_000,
-        # 20 reads a part: a part lasts long enough that a kill at a random point of it lands
-        # inside on a loaded machine (with 1,000, a CI run's kills fell after the part)
-        chunk_size=500,
+        chunk_size=1000,
         storage=FileSystemStorage(location=root),
     )
     worker = start_worker(workers)
     # How long a part takes here: the kills land at random points inside the next one.
-    first = landing(handle.uid, 0)
-    started = time.monotonic()
-    landing(handle.uid, first)
+    wait_for(lambda: export_row(handle.uid).part_count >= 1, 120, "the first part")
+    first, started = export_row(handle.uid).part_count, time.monotonic()
+    wait_for(lambda: export_row(handle.uid).part_count > first, 120, "the second part")
     part_seconds = time.monotonic() - started
     inside = kills = 0
     # Kills until three of them cut a part (at most 8: 20 parts leave room). A kill meant for
@@ -85,7 +73,8 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     while inside < 3 and kills < 8 and export_row(handle.uid).part_count < 18:
         kills += 1
         before = export_row(handle.uid).part_count
-        landed = landing(handle.uid, before)
+        wait_for(lambda b=before: export_row(handle.uid).part_count > b, 120, "a part to land")
+        landed = export_row(handle.uid).part_count
         # A random point of the next part (the part just seen landed up to a poll ago).
         time.sleep(random.uniform(0.1, 0.5) * part_seconds)
         os.kill(worker.pid, signal.SIGKILL)
