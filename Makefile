@@ -106,9 +106,13 @@ TOPOLOGY_SUITE = tests/runtime/test_worker.py tests/runtime/test_batches.py \
   tests/schedules/test_schedule_workers.py tests/feishu/test_http_server.py \
   tests/feishu/test_reply_workers.py tests/feishu/test_stream_workers.py \
   tests/backfills/test_export_workers.py::test_a_workers_memory_stays_flat_over_a_million_rows
+# The two run one after the other (they share the database name), the second whether or not
+# the first passed, so that a run reports the failures of both.
 test-postgres-topologies: $(VENV)/.installed bytecode
-	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m topology $(call junit,postgres-topologies) $(PYTEST_ARGS) || [ $$? = 5 ]
-	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_TEST_TOPOLOGY=pgbouncer FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks and not topology" $(call junit,postgres-pgbouncer) $(if $(PYTEST_ARGS),$(PYTEST_ARGS),$(TOPOLOGY_SUITE)) || [ $$? = 5 ]
+	@failed=0; \
+	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m topology $(call junit,postgres-topologies) $(PYTEST_ARGS) || [ $$? = 5 ] || failed=1; \
+	DATABASE_URL=$(PG_URL_TOPOLOGIES) FEISHU_INBOX_TEST_TOPOLOGY=pgbouncer FEISHU_INBOX_READ_DOTENV=0 $(VENV)/bin/pytest -n $(TEST_PROCESSES) -m "not stops_postgres and not any_database and not stacks and not topology" $(call junit,postgres-pgbouncer) $(if $(PYTEST_ARGS),$(PYTEST_ARGS),$(TOPOLOGY_SUITE)) || [ $$? = 5 ] || failed=1; \
+	exit $$failed
 
 # The built wheel installed into a clean virtual environment per stack the README names (each
 # Python 3.10-3.13 the machine has, with Django 5.2 or 6.x), the base package and then each

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from feishu_inbox.tables.backfills import Export
 from tests.support import backfill_jobs
 from tests.support.backfill_helpers import rss, start_worker
 from tests.support.backfill_jobs import Row
+from tests.support.held_storage import HeldStorage
 from tests.support.processes import wait_for
 from tests.support.worker_helpers import Workers
 
@@ -50,38 +50,35 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
 ) -> None:
     backfill_jobs.fill_table(200_000)
     root = tmp_path / "storage"
+    hold, held = Path(f"{root}.hold"), Path(f"{root}.held")
     handle = feishu_inbox.export(
         "orders",
         Row.objects.all(),
         columns=["id", "label"],
-        # 20 parts: room for the two measured and eight kills however many parts a worker
-        # writes between two polls (with 8, a CI run's export ended before its last kill)
         part_rows=10_000,
         chunk_size=1000,
-        storage=FileSystemStorage(location=root),
+        storage=HeldStorage(location=root),
     )
     worker = start_worker(workers)
-    # How long a part takes here: the kills land at random points inside the next one.
-    wait_for(lambda: export_row(handle.uid).part_count >= 1, 120, "the first part")
-    first, started = export_row(handle.uid).part_count, time.monotonic()
-    wait_for(lambda: export_row(handle.uid).part_count > first, 120, "the second part")
-    part_seconds = time.monotonic() - started
-    inside = kills = 0
-    # Kills until three of them cut a part (at most 8: 20 parts leave room). A kill meant for
-    # inside a part can land after it on a loaded machine (the part just seen may have landed
-    # a poll ago): what the test proves is the cuts, not the count of kills.
-    while inside < 3 and kills < 8 and export_row(handle.uid).part_count < 18:
-        kills += 1
-        before = export_row(handle.uid).part_count
-        wait_for(lambda b=before: export_row(handle.uid).part_count > b, 120, "a part to land")
-        landed = export_row(handle.uid).part_count
-        # A random point of the next part (the part just seen landed up to a poll ago).
-        time.sleep(random.uniform(0.1, 0.5) * part_seconds)
+    # Each kill lands where the storage holds the worker (held_storage.py): a part read and not
+    # yet written, half written, and written but not recorded; the first is part 1's.
+    cut: list[str] = []
+    for point in ("before", "half", "after", "half"):
+        mark = hold.with_suffix(".hold-new")
+        mark.write_text(point)
+        mark.replace(hold)
+        wait_for(held.exists, 120, f"a part held {point} its write", lambda: export_row(handle.uid))
+        name = held.read_text().split(" ", 1)[1]
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
-        inside += export_row(handle.uid).part_count == landed
+        n, recorded = int(name.rsplit("/", 1)[1][5:10]), export_row(handle.uid).part_count
+        assert n == recorded + 1, (point, name, recorded)  # the cut part is not recorded
+        assert (root / name).exists() == (point != "before"), (point, name)
+        cut.append(name)
+        hold.unlink()
+        held.unlink()
         worker = start_worker(workers)
-    assert inside >= 3, (inside, kills)  # three kills cut a part (the others fell between two)
+        wait_for(lambda n=n: export_row(handle.uid).part_count >= n, 120, f"part {n} again")
     wait_for(lambda: export_row(handle.uid).state != "running", 180, "the export to end")
     done = export_row(handle.uid)
     assert (done.state, done.rows_done, done.part_count) == ("completed", 200_000, 20)
@@ -89,6 +86,7 @@ def test_200000_rows_through_kills_mid_part_read_back_exactly_once(
     # Each part once, under the name its commit recorded; the killed writes' files are gone.
     files = sorted(p.name for p in (root / handle.prefix).iterdir())
     assert files == sorted(["manifest.json", *(p["name"].rsplit("/", 1)[1] for p in done.parts)])
+    assert not {p["name"] for p in done.parts} & set(cut), cut
     assert [p["name"].rsplit("/", 1)[1][:10] for p in done.parts] == [
         f"part-{n:05d}" for n in range(1, 21)
     ]
