@@ -196,8 +196,9 @@ def test_a_sites_own_effect_waits_out_a_short_429_and_ends_done(
     started = time.monotonic()
     with InHandler(claimed), feishu_inbox.effect("notify"):
         openapi.send_message("bot", "oc_1", "hello", uuid=f"notify:{job.pk}")
-    # The promise: the 0.3 s reset waited out, no longer (about 0.35 s idle; patience is 5 s).
-    assert 0.25 < time.monotonic() - started < 3
+    # The promise: the 0.3 s reset waited out, not the patience (about 0.35 s idle; patience
+    # is 5 s, so a wait for it takes 5 s at least, and 4.5 s leaves room for a loaded send).
+    assert 0.25 < time.monotonic() - started < 4.5
     assert [r.outcome for r in fake_feishu.requests] == ["rate_limit", "created"]
     stored = EventJob.objects.get(pk=job.pk)
     assert not stored.effect_uncertain and stored.effects_in_flight == 0
@@ -211,5 +212,6 @@ def test_a_429_past_the_patience_raises_at_once(fake_feishu: FakeFeishu) -> None
     started = time.monotonic()
     with pytest.raises(FeishuRateLimited):
         openapi.send_message("bot", "oc_1", "hello", uuid="u-late")
-    # The promise: at once (about 0.05 s idle), not after the 30 s reset.
-    assert time.monotonic() - started < 2 and fake_feishu.messages == []
+    # The promise: at once (about 0.05 s idle), not after the 30 s reset: a third of the
+    # reset tells the two apart on any load (a stress round made a plain send take 2.3 s).
+    assert time.monotonic() - started < 10 and fake_feishu.messages == []
